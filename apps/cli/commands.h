@@ -1,0 +1,16 @@
+// deepinfer CLI subcommands. Each Register* adds one subcommand to the app;
+// the callback runs the command and throws deepinfer::Error on failure (main
+// prints "error: <message>" and exits with status 2).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace deepinfer::cli {
+
+void RegisterVersion(CLI::App& app);
+// Each of these is implemented in its own apps/cli/cmd_*.cc:
+//   RegisterInspect   (cmd_inspect.cc)    deepinfer inspect MODEL_DIR
+//   RegisterMakeTiny  (cmd_make_tiny.cc)  deepinfer make-tiny --arch deepseek_v41 OUT_DIR
+// Add new commands here and in main.cc's table.
+
+}  // namespace deepinfer::cli

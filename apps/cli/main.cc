@@ -1,0 +1,39 @@
+// deepinfer — command-line entry point. Subcommands live in cmd_*.cc.
+// Exit status: 0 success; 2 on any error (one line "error: ..." on stderr);
+// CLI11 usage errors use CLI11's codes (printed with the usage hint).
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "commands.h"
+
+namespace deepinfer::cli {
+
+void RegisterVersion(CLI::App& app) {
+  auto* cmd = app.add_subcommand("version", "Print the version");
+  cmd->callback([] { std::printf("deepinfer 0.1.0\n"); });
+}
+
+}  // namespace deepinfer::cli
+
+int main(int argc, char** argv) {
+  deepinfer::InitLogging();
+  CLI::App app{"deepinfer — inference engine for DeepSeek-V4-family models"};
+  app.require_subcommand(1);
+  deepinfer::cli::RegisterVersion(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const deepinfer::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

