@@ -11,6 +11,7 @@ void RegisterVersion(CLI::App& app);
 // Each of these is implemented in its own apps/cli/cmd_*.cc:
 //   RegisterInspect   (cmd_inspect.cc)    deepinfer inspect MODEL_DIR
 //   RegisterMakeTiny  (cmd_make_tiny.cc)  deepinfer make-tiny --arch deepseek_v41 OUT_DIR
-// Add new commands here and in main.cc's table.
+// Add new commands here and in main.cc (one line each). Parallel work: build in build-<yourname>,
+// commit only your own files by path (README "Working in parallel").
 
 }  // namespace deepinfer::cli
