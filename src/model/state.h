@@ -25,9 +25,14 @@
 //                (-1 = none / DEAD). Fixed size → `slot`.
 //
 // Layout: one allocation per kind, layer-major — each layer's region is
-// contiguous: region(layer_idx) = base + layer_idx * layer_stride_bytes.
-// Inside a region, a paged kind has fixed-size blocks of `rows_per_block` rows;
-// a fixed kind has one block per slot holding that sequence's rows.
+// contiguous: region i starts at base + region_offset[i]. Paged kinds use one
+// global block id space (vLLM's --block-size tokens per block): block b of a
+// ratio-r layer's region holds rows_per_block = block_size / r compressed
+// positions, so one block table per sequence serves every KV-source layer
+// (block_size must be a multiple of every ratio). Fixed kinds have one block
+// per slot holding that sequence's rows. Block id num_blocks (one past the
+// last allocatable) and slot num_slots are scratch: padding rows write there,
+// nothing ever owns them.
 #pragma once
 
 #include <cstdint>
@@ -39,18 +44,29 @@ namespace deepinfer {
 
 enum class StateKind { kWindow = 0, kCompressedKv, kIndexKey, kCompressorCarry, kEngram, kCount };
 
-// Geometry of one state kind, fixed at start-up from the config.
-struct StateKindGeometry {
-  StateKind kind;
-  std::vector<int> layers;      // model layer ids that own a region (kEngram: {-1})
-  int64_t row_bytes = 0;        // bytes per row
-  int64_t rows_per_block = 0;   // rows per block (fixed kinds: rows per sequence)
+// Geometry of one region (one layer's part of one state kind).
+struct StateRegionGeometry {
+  int layer = -1;             // model layer id owning the region (kEngram: -1)
+  int64_t row_bytes = 0;      // bytes per row
+  int64_t rows_per_block = 0; // paged: block_size / ratio; fixed: rows per sequence
   int64_t block_bytes() const { return row_bytes * rows_per_block; }
+};
+
+// Geometry of one state kind.
+struct StateKindGeometry {
+  StateKind kind = StateKind::kWindow;
+  std::vector<StateRegionGeometry> regions;
   bool paged() const { return kind == StateKind::kCompressedKv || kind == StateKind::kIndexKey; }
-  // Region index of a model layer in `layers`, -1 if that layer has no region.
+  // Region index of a model layer, -1 if that layer has no region of this kind.
   int RegionOf(int layer) const {
-    for (size_t i = 0; i < layers.size(); ++i) if (layers[i] == layer) return static_cast<int>(i);
+    for (size_t i = 0; i < regions.size(); ++i) if (regions[i].layer == layer) return static_cast<int>(i);
     return -1;
+  }
+  // Bytes of one block (paged) or one slot (fixed) summed over all regions.
+  int64_t bytes_per_block() const {
+    int64_t n = 0;
+    for (const auto& r : regions) n += r.block_bytes();
+    return n;
   }
 };
 
@@ -58,24 +74,25 @@ struct StateKindGeometry {
 // allocation, admission and max-length sizing.
 struct StateGeometry {
   StateKindGeometry kinds[static_cast<int>(StateKind::kCount)];
-  int64_t compressed_block_size = 0;  // compressed positions per paged block
+  int64_t block_size = 0;  // tokens per paged block (vLLM --block-size)
 
-  // Builds the geometry from a config. `compressed_block_size` is the number of
-  // compressed positions per block of the paged kinds (> 0, else kInvalidArgument).
-  static StateGeometry FromConfig(const ModelConfig& cfg, int64_t compressed_block_size);
+  // Builds the geometry from a config. Throws kInvalidArgument if block_size
+  // is not a positive multiple of every KV-source layer's compress ratio.
+  static StateGeometry FromConfig(const ModelConfig& cfg, int64_t block_size);
   const StateKindGeometry& of(StateKind k) const { return kinds[static_cast<int>(k)]; }
-  // Compressed positions a sequence of `num_tokens` tokens needs in the
-  // layer with the smallest ratio (ratio 1 → num_tokens).
-  int64_t MaxCompressedRows(int64_t num_tokens) const;
+  // Paged blocks a sequence of `num_tokens` tokens needs: ceil(num_tokens / block_size).
+  int64_t BlocksForTokens(int64_t num_tokens) const { return (num_tokens + block_size - 1) / block_size; }
+  // Bytes per paged block over both paged kinds, and per fixed slot over the fixed kinds.
+  int64_t PagedBytesPerBlock() const;
+  int64_t FixedBytesPerSlot() const;
 };
 
-// A pool region for one state kind: base of region 0 and stride between regions.
+// Memory of one state kind: region i starts at base + region_offset[i] and
+// holds (num_blocks + 1) blocks (paged; the last is scratch) or (num_slots + 1)
+// slots (fixed; the last is scratch) of regions[i].block_bytes() each.
 struct StatePoolView {
   uint8_t* base = nullptr;
-  int64_t layer_stride_bytes = 0;  // bytes between consecutive layers' regions
-  int64_t block_bytes = 0;
-  int64_t row_bytes = 0;
-  int64_t rows_per_block = 0;
+  std::vector<int64_t> region_offset;  // bytes, per region
 };
 
 // Everything the forward pass needs to address one sequence's state.
@@ -87,16 +104,17 @@ struct SequenceStateView {
   int64_t num_blocks = 0;                // entries in block_table
 
   // Row `row` of kind `kind` in region `region` (region = geometry->of(kind).RegionOf(layer)).
-  // Fixed kinds: row in [0, rows_per_block). Paged kinds: row = compressed position,
-  // row / rows_per_block < num_blocks (the caller guarantees capacity).
+  // Fixed kinds: row in [0, rows_per_block). Paged kinds: row = compressed position of that
+  // layer; row / rows_per_block < num_blocks (the caller guarantees capacity).
   uint8_t* Row(StateKind kind, int region, int64_t row) const {
     const StatePoolView& p = pools[static_cast<int>(kind)];
-    uint8_t* r = p.base + region * p.layer_stride_bytes;
+    const StateRegionGeometry& g = geometry->of(kind).regions[region];
+    uint8_t* r = p.base + p.region_offset[region];
     if (kind == StateKind::kCompressedKv || kind == StateKind::kIndexKey) {
-      return r + static_cast<int64_t>(block_table[row / p.rows_per_block]) * p.block_bytes +
-             (row % p.rows_per_block) * p.row_bytes;
+      return r + static_cast<int64_t>(block_table[row / g.rows_per_block]) * g.block_bytes() +
+             (row % g.rows_per_block) * g.row_bytes;
     }
-    return r + static_cast<int64_t>(slot) * p.block_bytes + row * p.row_bytes;
+    return r + static_cast<int64_t>(slot) * g.block_bytes() + row * g.row_bytes;
   }
 };
 
@@ -105,8 +123,11 @@ struct SequenceStateView {
 class DenseStateArena {
  public:
   DenseStateArena(const StateGeometry& geometry, int num_slots, int64_t num_blocks);
+  // Zero all rows of the paged blocks listed (blocks reused by a new sequence).
+  void ResetBlocks(const int32_t* blocks, int64_t n);
   // View for slot `slot` with the given block table (must outlive the view).
   SequenceStateView View(int slot, const int32_t* block_table, int64_t num_blocks) const;
+  const StatePoolView* pools() const { return pools_; }
   // Zero the fixed-kind rows of `slot` (a new sequence starts from empty state).
   void ResetSlot(int slot);
 
