@@ -1,0 +1,237 @@
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+
+#include "base/error.h"
+
+namespace deepinfer {
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+    case FinishReason::kNone: return "";
+  }
+  return "";
+}
+
+void SchedulerConfig::Validate() const {
+  if (max_num_seqs < 1) Fail(ErrorKind::kInvalidArgument, "max_num_seqs must be >= 1, got {}", max_num_seqs);
+  if (max_num_batched_tokens < 1)
+    Fail(ErrorKind::kInvalidArgument, "max_num_batched_tokens must be >= 1, got {}", max_num_batched_tokens);
+  if (max_model_len < 2) Fail(ErrorKind::kInvalidArgument, "max_model_len must be >= 2, got {}", max_model_len);
+  if (block_size < 1) Fail(ErrorKind::kInvalidArgument, "block_size must be >= 1, got {}", block_size);
+  if (num_kv_blocks < 1) Fail(ErrorKind::kInvalidArgument, "num_kv_blocks must be >= 1, got {}", num_kv_blocks);
+  for (const auto* b : {&prefill_token_buckets, &decode_batch_buckets}) {
+    for (size_t i = 0; i < b->size(); ++i) {
+      if ((*b)[i] < 1 || (i > 0 && (*b)[i] <= (*b)[i - 1]))
+        Fail(ErrorKind::kInvalidArgument, "bucket lists must be positive and strictly increasing");
+    }
+  }
+  if (prompt_as_decode_max_tokens < 1)
+    Fail(ErrorKind::kInvalidArgument, "prompt_as_decode_max_tokens must be >= 1, got {}", prompt_as_decode_max_tokens);
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config)
+    : config_(config), blocks_((config.Validate(), config.num_kv_blocks), config.max_num_seqs) {}
+
+SeqState& Scheduler::Mut(uint64_t id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) Fail(ErrorKind::kInternal, "unknown request id {}", id);
+  return *it->second;
+}
+
+const SeqState* Scheduler::Get(uint64_t id) const {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : it->second.get();
+}
+
+void Scheduler::Add(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens) {
+  if (seqs_.count(id)) Fail(ErrorKind::kInternal, "request id {} added twice", id);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (n == 0) Fail(ErrorKind::kInvalidArgument, "prompt is empty");
+  if (n >= config_.max_model_len)
+    Fail(ErrorKind::kInvalidArgument, "prompt has {} tokens; max_model_len is {} (prompt must leave room for at least one output token)",
+         n, config_.max_model_len);
+  if (max_tokens < 1) Fail(ErrorKind::kInvalidArgument, "max_tokens must be >= 1, got {}", max_tokens);
+  max_tokens = std::min(max_tokens, config_.max_model_len - n);
+  // The last generated token is never fed back, so the cache holds at most n + max_tokens - 1.
+  const int64_t need = BlocksFor(n + max_tokens - 1);
+  if (need > config_.num_kv_blocks)
+    Fail(ErrorKind::kInvalidArgument,
+         "request needs {} KV blocks ({} prompt + {} max output tokens, block_size {}) but the pool has only {}",
+         need, n, max_tokens, config_.block_size, config_.num_kv_blocks);
+  auto s = std::make_unique<SeqState>();
+  s->id = id;
+  s->num_prompt_tokens = n;
+  s->token_ids = std::move(prompt);
+  s->max_tokens = max_tokens;
+  seqs_[id] = std::move(s);
+  waiting_.push_back(id);
+}
+
+void Scheduler::FreeResources(SeqState& s) {
+  if (!s.block_table.empty()) blocks_.Free(s.block_table);
+  s.block_table.clear();
+  if (s.slot >= 0) blocks_.FreeSlot(s.slot);
+  s.slot = -1;
+}
+
+void Scheduler::Preempt(SeqState& s) {
+  FreeResources(s);
+  s.num_computed_tokens = 0;
+  s.status = RequestStatus::kWaiting;
+  ++s.num_preemptions;
+  running_.erase(std::remove(running_.begin(), running_.end(), s.id), running_.end());
+  waiting_.push_front(s.id);
+}
+
+bool Scheduler::Abort(uint64_t id, FinishReason reason) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end() || it->second->status == RequestStatus::kFinished) return false;
+  Finish(id, reason);
+  return true;
+}
+
+void Scheduler::Finish(uint64_t id, FinishReason reason) {
+  SeqState& s = Mut(id);
+  if (s.status == RequestStatus::kFinished) return;
+  FreeResources(s);
+  running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
+  s.status = RequestStatus::kFinished;
+  s.finish_reason = reason;
+}
+
+void Scheduler::Release(uint64_t id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  if (it->second->status != RequestStatus::kFinished) Fail(ErrorKind::kInternal, "releasing unfinished request {}", id);
+  seqs_.erase(it);
+}
+
+StepPlan Scheduler::Schedule() {
+  StepPlan plan;
+  int64_t budget = config_.max_num_batched_tokens;
+  // 1. Running requests, oldest first.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    SeqState& s = Mut(running_[i]);
+    const int64_t total = static_cast<int64_t>(s.token_ids.size());
+    const int64_t len = std::min(total - s.num_computed_tokens, budget);
+    if (len <= 0) { ++i; continue; }
+    const int64_t extra = BlocksFor(s.num_computed_tokens + len) - static_cast<int64_t>(s.block_table.size());
+    bool self_preempted = false;
+    while (extra > blocks_.num_free_blocks()) {
+      SeqState& victim = Mut(running_.back());
+      const bool is_self = victim.id == s.id;
+      plan.preempted.push_back(victim.id);
+      // A victim already planned in this step cannot be one: we go oldest → newest and
+      // only later (newer) requests are behind i.
+      Preempt(victim);
+      if (is_self) { self_preempted = true; break; }
+    }
+    if (self_preempted) break;
+    if (extra > 0) {
+      auto got = blocks_.Allocate(extra);
+      DI_CHECK(got.has_value());
+      s.block_table.insert(s.block_table.end(), got->begin(), got->end());
+    }
+    ScheduledSeq q;
+    q.id = s.id;
+    q.start = s.num_computed_tokens;
+    q.len = len;
+    q.sample = s.num_computed_tokens + len == total;
+    plan.seqs.push_back(q);
+    budget -= len;
+    ++i;
+  }
+  // 2. Admit waiting requests (not in a step that had to preempt).
+  while (plan.preempted.empty() && budget > 0 && !waiting_.empty() &&
+         static_cast<int>(running_.size()) < config_.max_num_seqs) {
+    SeqState& s = Mut(waiting_.front());
+    const int64_t total = static_cast<int64_t>(s.token_ids.size());
+    const int64_t len = std::min(total, budget);
+    const int64_t need = BlocksFor(len);
+    if (blocks_.num_free_slots() == 0 || need > blocks_.num_free_blocks()) break;
+    auto got = blocks_.Allocate(need);
+    DI_CHECK(got.has_value());
+    auto slot = blocks_.AllocateSlot();
+    DI_CHECK(slot.has_value());
+    s.block_table = std::move(*got);
+    s.slot = *slot;
+    s.num_computed_tokens = 0;
+    s.status = RequestStatus::kRunning;
+    waiting_.pop_front();
+    running_.push_back(s.id);
+    ScheduledSeq q;
+    q.id = s.id;
+    q.start = 0;
+    q.len = len;
+    q.sample = len == total;
+    q.fresh_slot = true;
+    plan.seqs.push_back(q);
+    budget -= len;
+  }
+  // 3. Shape and padding.
+  int64_t max_len = 0;
+  for (const auto& q : plan.seqs) {
+    plan.num_tokens += q.len;
+    max_len = std::max(max_len, q.len);
+  }
+  plan.decode_shaped = !plan.seqs.empty() && max_len <= config_.prompt_as_decode_max_tokens;
+  if (!plan.seqs.empty()) {
+    if (plan.decode_shaped) {
+      const int64_t n = static_cast<int64_t>(plan.seqs.size());
+      for (int64_t b : config_.decode_batch_buckets)
+        if (b >= n) { plan.num_padding_seqs = static_cast<int>(b - n); break; }
+    } else {
+      for (int64_t b : config_.prefill_token_buckets)
+        if (b >= plan.num_tokens) { plan.num_padding_tokens = b - plan.num_tokens; break; }
+    }
+  }
+  return plan;
+}
+
+void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled) {
+  if (sampled.size() != plan.seqs.size())
+    Fail(ErrorKind::kInternal, "Update: {} sampled tokens for {} planned sequences", sampled.size(), plan.seqs.size());
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& q = plan.seqs[i];
+    auto it = seqs_.find(q.id);
+    if (it == seqs_.end()) continue;
+    SeqState& s = *it->second;
+    if (s.status != RequestStatus::kRunning) continue;  // finished/aborted meanwhile
+    s.num_computed_tokens = q.start + q.len;
+    if (!q.sample) continue;
+    s.token_ids.push_back(sampled[i]);
+    if (s.num_output_tokens() >= s.max_tokens) Finish(s.id, FinishReason::kLength);
+  }
+}
+
+void Scheduler::CheckInvariants() const {
+  blocks_.CheckInvariants();
+  int64_t owned = 0;
+  int slots = 0;
+  for (const auto& [id, s] : seqs_) {
+    if (s->status == RequestStatus::kRunning) {
+      if (s->slot < 0) Fail(ErrorKind::kInternal, "running request {} has no slot", id);
+      if (static_cast<int64_t>(s->block_table.size()) < BlocksFor(s->num_computed_tokens))
+        Fail(ErrorKind::kInternal, "request {} has {} blocks for {} computed tokens", id, s->block_table.size(),
+             s->num_computed_tokens);
+      owned += static_cast<int64_t>(s->block_table.size());
+      ++slots;
+    } else if (!s->block_table.empty() || s->slot >= 0) {
+      Fail(ErrorKind::kInternal, "request {} holds blocks or a slot while not running", id);
+    }
+  }
+  if (owned != blocks_.num_used_blocks())
+    Fail(ErrorKind::kInternal, "requests own {} blocks but the pool has {} in use", owned, blocks_.num_used_blocks());
+  if (slots != blocks_.num_used_slots())
+    Fail(ErrorKind::kInternal, "requests own {} slots but the pool has {} in use", slots, blocks_.num_used_slots());
+  if (static_cast<int>(running_.size()) > config_.max_num_seqs)
+    Fail(ErrorKind::kInternal, "{} running requests exceed max_num_seqs {}", running_.size(), config_.max_num_seqs);
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,134 @@
+// deepinfer/scheduler/scheduler.h — continuous batching with chunked prefill,
+// token-bucket padding, prompt-as-decode, and recompute preemption.
+// Pure logic on plain structs (no tensors, no model): the engine asks for a
+// StepPlan, runs it, then reports sampled tokens with Update().
+//
+// Policy (vLLM v1 style, one unified token budget per step):
+//  1. Running requests, oldest first, each get min(remaining, budget) tokens:
+//     a decode needs 1, an unfinished prefill its next chunk. If the pool has
+//     too few free blocks, the NEWEST running request is preempted (its blocks
+//     and slot are freed, its computed count reset to 0, and it goes to the
+//     front of the waiting queue to be recomputed later) until the allocation
+//     fits; a request never corrupts or loses another's state.
+//  2. If nothing was preempted in this step, waiting requests are admitted in
+//     FIFO order while the budget, max_num_seqs, a free slot and enough free
+//     blocks allow.
+//  A chunk that reaches the end of the request's known tokens samples a token.
+//  Padding: if a step contains a prefill chunk longer than
+//  prompt_as_decode_max_tokens, its total token count is padded up to the
+//  smallest prefill_token_buckets entry >= it (no padding above the largest
+//  bucket); otherwise the step is decode-shaped and its sequence count is
+//  padded to the smallest decode_batch_buckets entry >= it. Padding rows belong
+//  to no request and write only to the scratch block/slot.
+//  Lifecycle: waiting → running → finished (stop | length) or aborted (abort).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/block_manager.h"
+
+namespace deepinfer {
+
+struct SchedulerConfig {
+  int max_num_seqs = 8;                  // --max-num-seqs
+  int64_t max_num_batched_tokens = 512;  // --max-num-batched-tokens (per-step token budget)
+  int64_t max_model_len = 4096;          // --max-model-len (prompt + output tokens)
+  int64_t block_size = 16;               // --block-size (tokens per paged block)
+  int64_t num_kv_blocks = 0;             // --num-kv-blocks
+  std::vector<int64_t> prefill_token_buckets;  // sorted ascending; empty = no padding
+  std::vector<int64_t> decode_batch_buckets;   // sorted ascending; empty = no padding
+  int64_t prompt_as_decode_max_tokens = 1;     // prompts this short run in decode-shaped steps
+  // Throws Error(kInvalidArgument) naming the bad field.
+  void Validate() const;
+};
+
+enum class RequestStatus { kWaiting, kRunning, kFinished };
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+const char* FinishReasonName(FinishReason r);  // "stop", "length", "abort", "error", ""
+
+// Scheduler-side view of one request.
+struct SeqState {
+  uint64_t id = 0;
+  int64_t num_prompt_tokens = 0;
+  std::vector<int32_t> token_ids;   // prompt + generated
+  int64_t max_tokens = 0;           // cap on generated tokens (already clipped to max_model_len)
+  int64_t num_computed_tokens = 0;  // tokens whose state is in the cache
+  int32_t slot = -1;                // fixed-state slot while running
+  std::vector<int32_t> block_table; // paged blocks while running
+  RequestStatus status = RequestStatus::kWaiting;
+  FinishReason finish_reason = FinishReason::kNone;
+  int num_preemptions = 0;
+  int64_t num_output_tokens() const { return static_cast<int64_t>(token_ids.size()) - num_prompt_tokens; }
+};
+
+// One sequence's part of a step.
+struct ScheduledSeq {
+  uint64_t id = 0;
+  int64_t start = 0;        // first position of the chunk (== num_computed_tokens)
+  int64_t len = 0;          // tokens in the chunk (>= 1)
+  bool sample = false;      // the chunk ends at the last known token: sample one
+  bool fresh_slot = false;  // slot newly assigned this step (its fixed state is stale)
+};
+
+struct StepPlan {
+  std::vector<ScheduledSeq> seqs;
+  int64_t num_tokens = 0;          // sum of seqs[i].len
+  int64_t num_padding_tokens = 0;  // extra padding tokens (prefill-shaped steps)
+  int num_padding_seqs = 0;        // extra 1-token padding rows (decode-shaped steps)
+  bool decode_shaped = false;
+  std::vector<uint64_t> preempted;  // requests preempted while planning this step
+  bool empty() const { return seqs.empty(); }
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerConfig& config);
+
+  // Queues a request. prompt must be non-empty and at most max_model_len tokens,
+  // and the whole request must fit in the pool, else Error(kInvalidArgument)
+  // naming both numbers. max_tokens is clipped so prompt + output <= max_model_len.
+  void Add(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens);
+  // Aborts a waiting or running request (frees its blocks at once). Unknown or
+  // finished ids are ignored. Returns true if something was aborted.
+  bool Abort(uint64_t id, FinishReason reason = FinishReason::kAbort);
+
+  StepPlan Schedule();
+  // Reports the step's results: `sampled[i]` is the token for plan.seqs[i] when
+  // it sampled (ignored otherwise). Marks length-finished requests and frees
+  // their resources. Requests that should stop for other reasons (EOS, stop
+  // strings) are finished by the caller with Finish().
+  void Update(const StepPlan& plan, const std::vector<int32_t>& sampled);
+  void Finish(uint64_t id, FinishReason reason);
+
+  const SeqState* Get(uint64_t id) const;
+  // Finished requests are kept until Release(id).
+  void Release(uint64_t id);
+
+  int num_running() const { return static_cast<int>(running_.size()); }
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
+  const BlockManager& blocks() const { return blocks_; }
+  const SchedulerConfig& config() const { return config_; }
+  // Throws Error(kInternal) if the block manager and the requests disagree.
+  void CheckInvariants() const;
+
+ private:
+  SeqState& Mut(uint64_t id);
+  void Preempt(SeqState& s);
+  void FreeResources(SeqState& s);
+  int64_t BlocksFor(int64_t tokens) const { return (tokens + config_.block_size - 1) / config_.block_size; }
+
+  SchedulerConfig config_;
+  BlockManager blocks_;
+  std::map<uint64_t, std::unique_ptr<SeqState>> seqs_;
+  std::vector<uint64_t> running_;  // admission order (oldest first)
+  std::deque<uint64_t> waiting_;
+};
+
+}  // namespace deepinfer
