@@ -6,13 +6,13 @@
 
 namespace deepinfer {
 
-const char* FinishReasonName(FinishReason r) {
+const char* SeqFinishReasonName(SeqFinishReason r) {
   switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-    case FinishReason::kError: return "error";
-    case FinishReason::kNone: return "";
+    case SeqFinishReason::kStop: return "stop";
+    case SeqFinishReason::kLength: return "length";
+    case SeqFinishReason::kAbort: return "abort";
+    case SeqFinishReason::kError: return "error";
+    case SeqFinishReason::kNone: return "";
   }
   return "";
 }
@@ -88,14 +88,14 @@ void Scheduler::Preempt(SeqState& s) {
   waiting_.push_front(s.id);
 }
 
-bool Scheduler::Abort(uint64_t id, FinishReason reason) {
+bool Scheduler::Abort(uint64_t id, SeqFinishReason reason) {
   auto it = seqs_.find(id);
   if (it == seqs_.end() || it->second->status == RequestStatus::kFinished) return false;
   Finish(id, reason);
   return true;
 }
 
-void Scheduler::Finish(uint64_t id, FinishReason reason) {
+void Scheduler::Finish(uint64_t id, SeqFinishReason reason) {
   SeqState& s = Mut(id);
   if (s.status == RequestStatus::kFinished) return;
   FreeResources(s);
@@ -206,7 +206,7 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled
     s.num_computed_tokens = q.start + q.len;
     if (!q.sample) continue;
     s.token_ids.push_back(sampled[i]);
-    if (s.num_output_tokens() >= s.max_tokens) Finish(s.id, FinishReason::kLength);
+    if (s.num_output_tokens() >= s.max_tokens) Finish(s.id, SeqFinishReason::kLength);
   }
 }
 

@@ -49,8 +49,8 @@ struct SchedulerConfig {
 };
 
 enum class RequestStatus { kWaiting, kRunning, kFinished };
-enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
-const char* FinishReasonName(FinishReason r);  // "stop", "length", "abort", "error", ""
+enum class SeqFinishReason { kNone, kStop, kLength, kAbort, kError };
+const char* SeqFinishReasonName(SeqFinishReason r);  // "stop", "length", "abort", "error", ""
 
 // Scheduler-side view of one request.
 struct SeqState {
@@ -62,7 +62,7 @@ struct SeqState {
   int32_t slot = -1;                // fixed-state slot while running
   std::vector<int32_t> block_table; // paged blocks while running
   RequestStatus status = RequestStatus::kWaiting;
-  FinishReason finish_reason = FinishReason::kNone;
+  SeqFinishReason finish_reason = SeqFinishReason::kNone;
   int num_preemptions = 0;
   int64_t num_output_tokens() const { return static_cast<int64_t>(token_ids.size()) - num_prompt_tokens; }
 };
@@ -96,7 +96,7 @@ class Scheduler {
   void Add(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens);
   // Aborts a waiting or running request (frees its blocks at once). Unknown or
   // finished ids are ignored. Returns true if something was aborted.
-  bool Abort(uint64_t id, FinishReason reason = FinishReason::kAbort);
+  bool Abort(uint64_t id, SeqFinishReason reason = SeqFinishReason::kAbort);
 
   StepPlan Schedule();
   // Reports the step's results: `sampled[i]` is the token for plan.seqs[i] when
@@ -104,7 +104,7 @@ class Scheduler {
   // their resources. Requests that should stop for other reasons (EOS, stop
   // strings) are finished by the caller with Finish().
   void Update(const StepPlan& plan, const std::vector<int32_t>& sampled);
-  void Finish(uint64_t id, FinishReason reason);
+  void Finish(uint64_t id, SeqFinishReason reason);
 
   const SeqState* Get(uint64_t id) const;
   // Finished requests are kept until Release(id).

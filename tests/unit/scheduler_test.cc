@@ -97,7 +97,7 @@ TEST(Scheduler, ChunkedPrefillThenDecode) {
   s.Update(p, {102});
   const SeqState* st = s.Get(1);
   EXPECT_EQ(st->status, RequestStatus::kFinished);
-  EXPECT_EQ(st->finish_reason, FinishReason::kLength);
+  EXPECT_EQ(st->finish_reason, SeqFinishReason::kLength);
   EXPECT_EQ(std::vector<int32_t>(st->token_ids.end() - 3, st->token_ids.end()), (std::vector<int32_t>{100, 101, 102}));
   EXPECT_EQ(s.blocks().num_used_blocks(), 0);
   s.CheckInvariants();
@@ -192,7 +192,7 @@ SimResult Simulate(const SchedulerConfig& cfg, uint32_t seed, int n_requests, bo
     // Stop on a "stop token" (value < 20) like an EOS.
     for (const auto& q : plan.seqs) {
       const SeqState* st = s.Get(q.id);
-      if (st->status == RequestStatus::kRunning && q.sample && st->token_ids.back() < 20) s.Finish(q.id, FinishReason::kStop);
+      if (st->status == RequestStatus::kRunning && q.sample && st->token_ids.back() < 20) s.Finish(q.id, SeqFinishReason::kStop);
     }
     if (random_aborts && coin(rng) < 3 && next > 0) s.Abort(rng() % next);
     s.CheckInvariants();
@@ -201,7 +201,7 @@ SimResult Simulate(const SchedulerConfig& cfg, uint32_t seed, int n_requests, bo
   for (uint64_t id = 0; id < next; ++id) {
     const SeqState* st = s.Get(id);
     EXPECT_EQ(st->status, RequestStatus::kFinished);
-    if (st->finish_reason != FinishReason::kAbort)
+    if (st->finish_reason != SeqFinishReason::kAbort)
       r.outputs[id] = std::vector<int32_t>(st->token_ids.begin() + st->num_prompt_tokens, st->token_ids.end());
   }
   EXPECT_EQ(s.blocks().num_used_blocks(), 0);
