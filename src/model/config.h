@@ -1,13 +1,38 @@
 // deepinfer/model/config.h — typed, validated model configuration.
 //
-// Read from a Hugging Face model directory's config.json:
-//   * model_type "deepseek_v41": fields under "text_config" (model-spec §1.3),
-//     top-level bos/eos/pad/image_token_id and quantization_config.
-//   * model_type "deepseek_v4": top-level fields (model-spec §1.1).
-// Every key is explicit: nothing is guessed from layer counts. Missing or
-// ill-typed keys raise Error(kCorruptData / kNotFound) naming the file and key.
+// Read from a Hugging Face model directory's config.json (model-spec §1):
+//   * model_type "deepseek_v41" (§1.3): the text fields under "text_config";
+//     top-level bos/eos/pad/image_token_id; "quantization_config"
+//     {weight_block_size [B, B], expert_dtype, (quant_method "fp8",
+//     scale_fmt "ue8m0" checked when present)}; optional "vision_config"
+//     (absent → vision off).
+//   * model_type "deepseek_v4" (§1.1): every field at the top level;
+//     expert_dtype at the top level (current revision) or in
+//     quantization_config.
+// Every key is explicit: nothing is guessed from layer counts. The only
+// defaults are gate_temp (absent → 1.0, as the reference), pad_token_id
+// (absent/null → -1) and V4's gate_temp 1.0. Optional keys that only confirm a
+// fixed choice are checked when present (hidden_act "silu", topk_method
+// "noaux_tc", tie_word_embeddings false). The Engram pad key is
+// engram_pad_token_id (release) or engram_pad_id (flat reference name).
+//
+// Errors (deepinfer::Error, one line, naming the file and the key path):
+//   kNotFound      "config.json: missing required key text_config.hidden_size"
+//   kCorruptData   bad JSON; "config.json: text_config.hidden_size: expected an
+//                  integer, found a string \"64\"" (floats are not integers)
+//   kInvalidArgument  value out of range or inconsistent: unknown model_type,
+//                  compress_ratios length != n_layers + n_mtp_layers, ratio not
+//                  in {0,1,2} (V4.1) / {0,4,128} (V4), MTP ratio != 0, layer
+//                  lists out of range or unsorted, a ratio>0 layer with no
+//                  preceding KV source of its ratio, a KV source that is not an
+//                  index source, candidate source not an index source or
+//                  candidate_topk_blocks·candidate_block_size −
+//                  (candidate_block_size − 1) < index_topk, an index source
+//                  after the candidate source reading another KV cache, Engram
+//                  rows != Σ bucket primes, token ids ≥ vocab_size, ...
+//
 // Field names follow DeepSeek's flat ModelArgs names (inference/config.json);
-// the comment after each gives the HF key it is read from.
+// the comment after each gives the key it mirrors (HF names are in config.cc).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +58,16 @@ const char* CsaModeName(CsaMode m);
 
 // Per-layer schedule derived from the config (one entry per main layer, then
 // one per MTP/DSpark block). Layer ids index the compressed/index caches.
+//
+// V4.1 (model-spec §1.4, §3.3.4): ratio 0 → kSwa. For ratio > 0: kv_from = the
+// most recent KV source at or before the layer (same ratio, required);
+// index_from = the most recent index source at or before it; mode kFull for a
+// KV source (which is always an index source too), kReindex for an index source
+// that is not a KV source, kReuse otherwise; candidate_from = the candidate
+// source for every index source after it (the reference's `uses_candidates`).
+// V4: ratio 4 → kC4 (own compressor + indexer: kv_from = index_from = layer),
+// 128 → kC128 (own compressor, no indexer), 0 → kSwa; hash_routed for
+// layer < n_hash_layers. MTP/DSpark blocks are always kSwa.
 struct LayerSchedule {
   int layer = 0;              // index in layers.* (or n_layers + i for mtp.i)
   bool is_mtp = false;        // mtp.* block
@@ -43,6 +78,8 @@ struct LayerSchedule {
   bool candidate_source = false;
   int kv_from = -1;           // layer whose compressed KV / index keys this layer reads (-1 none)
   int index_from = -1;        // layer whose top-k selection this layer uses (-1 none)
+  int candidate_from = -1;    // index sources after the candidate source: the candidate source
+                              // whose block mask filters this layer's index scores (-1 none)
   int engram_slot = -1;       // index into engram_layer_ids if Engram runs before this layer
   bool dspark_target = false; // mean-over-streams of this layer's input feeds DSpark
   bool hash_routed = false;   // V4: layer < n_hash_layers (tid2eid routing)
@@ -111,6 +148,10 @@ struct ModelConfig {
   int64_t engram_head_dim = 0;                // engram_head_dim
   int engram_pad_id = 2;                      // engram_pad_token_id
   int64_t engram_compressed_vocab_size = 0;   // engram_compressed_vocab_size
+  // Derived (model-spec §3.3.2): bucket primes of each Engram layer, flattened
+  // in (n = 2..max_ngram, head) order; Σ engram_primes[k] == engram_num_embeddings[k]
+  // is checked at load.
+  std::vector<std::vector<int64_t>> engram_primes;
 
   // DSpark (V4.1).
   int dspark_block_size = 0;                  // dspark_block_size
@@ -120,8 +161,15 @@ struct ModelConfig {
   int dspark_n_routed_experts = 0;            // dspark_n_routed_experts
   int dspark_n_activated_experts = 0;         // dspark_num_experts_per_tok
 
-  // Vision (V4.1); 0 layers = off.
+  // Vision (V4.1); 0 layers = off. Read from the optional "vision_config"
+  // object (keys num_hidden_layers, hidden_size, num_attention_heads,
+  // intermediate_size, patch_size, downsample_ratio); absent → off.
   int vision_n_layers = 0;
+  int64_t vision_dim = 0;
+  int vision_n_heads = 0;
+  int64_t vision_inter_dim = 0;
+  int vision_patch_size = 0;
+  int vision_downsample_ratio = 0;
   int64_t image_token_id = -1;
 
   // Quantisation (quantization_config).
@@ -129,7 +177,7 @@ struct ModelConfig {
   int act_block_size = 0;          // activation quant block = weight_block_size
   std::string expert_dtype;        // "fp4" or "fp8"
 
-  // Special tokens.
+  // Special tokens (pad_token_id is optional: -1 when absent or null).
   int64_t bos_token_id = 0, eos_token_id = 1, pad_token_id = -1;
 
   // Derived schedule: n_layers + n_mtp_layers entries.
