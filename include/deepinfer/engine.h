@@ -1,0 +1,126 @@
+// deepinfer/engine.h — the narrow public API of the inference engine, used by
+// the offline CLI (`deepinfer generate`) and the HTTP server. No tensors cross
+// this boundary: requests are token ids or text plus sampling parameters;
+// results are tokens, text, logprobs and timings.
+//
+// Threading: an Engine is NOT thread-safe. One thread owns it and calls
+// Submit/Abort/Step; a server's HTTP threads talk to that thread through
+// queues.
+//
+// Errors: Open() throws deepinfer::Error for a bad model directory or bad
+// engine arguments (the message names the argument, with vLLM's flag name).
+// Submit() throws Error(kInvalidArgument) for a bad request (empty prompt,
+// prompt + max_tokens over max_model_len, bad sampling parameters, token ids
+// out of range); nothing is queued then. A failure while a request runs (e.g.
+// NaN logits) finishes that request alone with finish_reason "error" and a
+// message in RequestOutput::error; other requests continue.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <variant>
+#include <string>
+#include <vector>
+
+#include "sampling/sampling_params.h"
+#include "sampling/sampler.h"
+
+namespace deepinfer {
+
+class Tokenizer;
+class ModelBackend;
+
+// Engine arguments, named as vLLM's (--max-num-seqs → max_num_seqs, ...).
+struct EngineArgs {
+  std::string model;                       // model directory (config.json, safetensors, tokenizer.json)
+  int max_num_seqs = 8;                    // --max-num-seqs
+  int64_t max_num_batched_tokens = 512;    // --max-num-batched-tokens
+  int64_t max_model_len = 4096;            // --max-model-len
+  int64_t block_size = 16;                 // --block-size (tokens per KV block)
+  int64_t num_kv_blocks = 0;               // --num-kv-blocks (0 = derive from kv_cache_memory_bytes)
+  int64_t kv_cache_memory_bytes = 0;       // --kv-cache-memory (0 = enough for max_num_seqs × max_model_len)
+  std::vector<int64_t> prefill_token_buckets;  // --prefill-token-buckets (empty = no padding)
+  std::vector<int64_t> decode_batch_buckets;   // --decode-batch-buckets (empty = no padding)
+  int64_t prompt_as_decode_max_tokens = 1;     // prompts this short run in decode-shaped steps
+  int num_threads = 0;                     // --threads (0 = all cores)
+  int64_t max_logprobs = 20;               // --max-logprobs
+  LogprobsMode logprobs_mode = LogprobsMode::kRawLogprobs;  // --logprobs-mode
+  std::string engram_token_map;            // optional int32 file overriding the map built from tokenizer.json
+};
+
+struct GenerateRequest {
+  // Exactly one of prompt / prompt_token_ids (a prompt string is tokenized
+  // with add_special_tokens = true; chat rendering happens before, in the caller).
+  std::optional<std::string> prompt;
+  std::optional<std::vector<int32_t>> prompt_token_ids;
+  SamplingParams params;
+  std::string request_id;  // caller's label, used in error messages
+};
+
+// Incremental output of one request after a Step(). When `finished`, the
+// whole-request fields are filled too.
+struct RequestOutput {
+  uint64_t id = 0;
+  std::string request_id;
+  std::vector<int32_t> new_token_ids;        // tokens generated in this step
+  std::string new_text;                      // text safe to emit now (valid UTF-8, stop strings held back)
+  std::vector<LogprobsEntry> new_logprobs;   // one per new token, when params.logprobs is set
+  bool finished = false;
+  std::string finish_reason;                 // "stop" | "length" | "abort" | "error" (when finished)
+  std::string error;                         // message when finish_reason == "error"
+  std::optional<std::variant<std::string, int64_t>> stop_reason;  // matched stop string or stop token id
+  // Whole-request values (set when finished):
+  std::vector<int32_t> token_ids;            // all generated tokens
+  std::string text;                          // all generated text (after stop handling)
+  std::vector<LogprobsEntry> logprobs;
+  int64_t num_prompt_tokens = 0;
+  int64_t seed = 0;                          // the seed used (drawn by the engine if none was given)
+  double time_to_first_token_s = 0;
+  double total_time_s = 0;
+};
+
+struct EngineStats {
+  int num_running = 0;
+  int num_waiting = 0;
+  int64_t num_kv_blocks = 0;          // total paged blocks
+  int64_t num_kv_blocks_used = 0;     // owned by running requests now
+  int64_t peak_kv_blocks_used = 0;
+  int64_t kv_cache_bytes = 0;
+  int64_t prompt_tokens_total = 0;    // prompt tokens computed (including recomputation)
+  int64_t generation_tokens_total = 0;
+  int64_t num_preemptions = 0;
+  int64_t num_steps = 0;
+  int64_t num_finished = 0;
+};
+
+class Engine {
+ public:
+  static std::unique_ptr<Engine> Open(const EngineArgs& args);
+  // For tests: an engine over any backend (tokenizer optional).
+  static std::unique_ptr<Engine> OpenWithBackend(const EngineArgs& args, std::unique_ptr<ModelBackend> backend,
+                                                 std::unique_ptr<Tokenizer> tokenizer);
+  ~Engine();
+
+  uint64_t Submit(const GenerateRequest& request);
+  // Aborts a waiting or running request; its blocks are freed at once and the
+  // next Step() reports it finished with "abort". Unknown ids are ignored.
+  void Abort(uint64_t id);
+  // Runs one scheduler step (if there is work) and returns the outputs that
+  // changed: new tokens, and every request that finished (including aborts
+  // and errors since the last call).
+  std::vector<RequestOutput> Step();
+  bool HasUnfinished() const;
+  EngineStats Stats() const;
+  const EngineArgs& args() const;
+  const Tokenizer* tokenizer() const;  // nullptr if the model directory has none
+  int64_t vocab_size() const;
+
+  struct Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace deepinfer

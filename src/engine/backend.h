@@ -1,0 +1,37 @@
+// deepinfer/engine/backend.h — what the engine needs from a model: one call
+// that runs a batch of sequence chunks on caller-owned state and returns the
+// logits of the rows that sample. Implemented by the V4.1 model adapter and, in
+// tests, by a fake model that exercises the cache addressing.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/state.h"
+
+namespace deepinfer {
+
+// One sequence's chunk in a forward call.
+struct BackendSeq {
+  const int32_t* tokens = nullptr;  // [len] token ids of this chunk (positions start_pos ...)
+  int64_t len = 0;
+  int64_t start_pos = 0;            // absolute position of tokens[0]
+  SequenceStateView state;          // where this sequence's state rows live
+  bool want_logits = false;         // return logits of the chunk's last token
+};
+
+class ModelBackend {
+ public:
+  virtual ~ModelBackend() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  // State geometry for a paged block of `block_size` tokens.
+  virtual StateGeometry Geometry(int64_t block_size) const = 0;
+  // Runs all chunks. `logits` receives, for each seq with want_logits in order,
+  // one FP32 row of vocab_size(). A sequence's results must not depend on the
+  // other sequences in the call. Throws deepinfer::Error on failure.
+  virtual void Forward(const std::vector<BackendSeq>& seqs, std::vector<float>* logits) = 0;
+};
+
+}  // namespace deepinfer

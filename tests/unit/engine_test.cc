@@ -1,0 +1,293 @@
+// Engine tests over a "canary" model backend: it stores per-position markers
+// in every state kind of the paged pool, verifies on every step that it reads
+// back exactly its own sequence's rows, and derives its logits from what it
+// read. So any cache-addressing, scheduling, preemption or padding bug changes
+// the tokens or throws. The real model is tested in its own suites.
+#include "deepinfer/engine.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+#include "engine/backend.h"
+#include "tokenizer/tokenizer.h"
+
+namespace deepinfer {
+namespace {
+
+constexpr int64_t kVocab = 300;
+constexpr int64_t kWindow = 4;
+constexpr int32_t kNanToken = 299;  // a prompt containing it makes the canary emit NaN logits
+
+uint64_t Mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  return h * 0xBF58476D1CE4E5B9ull;
+}
+
+class CanaryBackend : public ModelBackend {
+ public:
+  CanaryBackend() {
+    cfg_.vocab_size = kVocab;
+    cfg_.eos_token_id = 1;
+  }
+  const ModelConfig& config() const override { return cfg_; }
+  int64_t vocab_size() const override { return kVocab; }
+  StateGeometry Geometry(int64_t block_size) const override {
+    StateGeometry g;
+    g.block_size = block_size;
+    auto set = [&](StateKind k, int64_t row_bytes, int64_t rows) {
+      g.kinds[static_cast<int>(k)].kind = k;
+      StateRegionGeometry r;
+      r.layer = 0;
+      r.row_bytes = row_bytes;
+      r.rows_per_block = rows;
+      g.kinds[static_cast<int>(k)].regions.push_back(r);
+    };
+    set(StateKind::kWindow, 8, kWindow);
+    set(StateKind::kCompressedKv, 8, block_size);       // "ratio 1"
+    set(StateKind::kIndexKey, 8, block_size / 2);       // "ratio 2"
+    set(StateKind::kCompressorCarry, 8, 1);
+    set(StateKind::kEngram, 8, 1);
+    return g;
+  }
+  void Forward(const std::vector<BackendSeq>& seqs, std::vector<float>* logits) override {
+    logits->clear();
+    for (const BackendSeq& s : seqs) {
+      bool padding = true;
+      for (int64_t i = 0; i < s.len; ++i) padding &= s.tokens[i] == 0;
+      uint64_t h = 0;
+      bool nan = false;
+      for (int64_t i = 0; i < s.len; ++i) {
+        const int64_t p = s.start_pos + i;
+        const int32_t tok = s.tokens[i];
+        nan |= tok == kNanToken;
+        int32_t rec[2] = {tok, static_cast<int32_t>(p)};
+        std::memcpy(s.state.Row(StateKind::kCompressedKv, 0, p), rec, 8);
+        std::memcpy(s.state.Row(StateKind::kWindow, 0, p % kWindow), rec, 8);
+        int32_t* carry = reinterpret_cast<int32_t*>(s.state.Row(StateKind::kCompressorCarry, 0, 0));
+        if (p % 2 == 0) {
+          carry[0] = tok;
+          carry[1] = static_cast<int32_t>(p);
+        } else {
+          if (!padding && carry[1] != p - 1) Fail(ErrorKind::kInternal, "canary: carry holds position {} at {}", carry[1], p);
+          int32_t k[2] = {carry[0] * 1000 + tok, static_cast<int32_t>(p / 2)};
+          std::memcpy(s.state.Row(StateKind::kIndexKey, 0, p / 2), k, 8);
+        }
+        if (padding) continue;
+        // Read back everything this position may see, and check it is ours.
+        h = 0;
+        for (int64_t q = 0; q <= p; ++q) {
+          const int32_t* r = reinterpret_cast<const int32_t*>(s.state.Row(StateKind::kCompressedKv, 0, q));
+          if (r[1] != q) Fail(ErrorKind::kInternal, "canary: compressed row {} holds position {}", q, r[1]);
+          h = Mix(h, static_cast<uint64_t>(r[0]));
+        }
+        for (int64_t q = 0; q < (p + 1) / 2; ++q) {
+          const int32_t* r = reinterpret_cast<const int32_t*>(s.state.Row(StateKind::kIndexKey, 0, q));
+          if (r[1] != q) Fail(ErrorKind::kInternal, "canary: index row {} holds {}", q, r[1]);
+          h = Mix(h, static_cast<uint64_t>(r[0]));
+        }
+        for (int64_t q = std::max<int64_t>(0, p - kWindow + 1); q <= p; ++q) {
+          const int32_t* r = reinterpret_cast<const int32_t*>(s.state.Row(StateKind::kWindow, 0, q % kWindow));
+          if (r[1] != q) Fail(ErrorKind::kInternal, "canary: window slot {} holds position {}, want {}", q % kWindow, r[1], q);
+        }
+      }
+      if (!s.want_logits) continue;
+      const size_t base = logits->size();
+      logits->resize(base + kVocab);
+      std::mt19937_64 rng(h);
+      for (int64_t v = 0; v < kVocab; ++v)
+        (*logits)[base + v] = static_cast<float>(static_cast<int64_t>(rng() % 2000) - 1000) / 200.0f;
+      (*logits)[base + 1] -= 3.0f;  // EOS a little less likely
+      if (nan) (*logits)[base + 7] = NAN;
+    }
+  }
+
+ private:
+  ModelConfig cfg_;
+};
+
+EngineArgs Args(int max_seqs, int64_t budget, int64_t blocks = 0) {
+  EngineArgs a;
+  a.max_num_seqs = max_seqs;
+  a.max_num_batched_tokens = budget;
+  a.max_model_len = 128;
+  a.block_size = 4;
+  a.num_kv_blocks = blocks;
+  a.num_threads = 1;
+  return a;
+}
+
+std::vector<GenerateRequest> MakeRequests(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < n; ++i) {
+    GenerateRequest r;
+    std::vector<int32_t> ids(1 + rng() % 40);
+    for (auto& t : ids) t = 2 + static_cast<int32_t>(rng() % 290);
+    r.prompt_token_ids = ids;
+    r.params.max_tokens = 1 + static_cast<int64_t>(rng() % 20);
+    if (i % 2) {
+      r.params.temperature = 0.0;
+    } else {
+      r.params.temperature = 0.9;
+      r.params.seed = 1000 + i;
+      r.params.top_p = 0.9;
+    }
+    if (i % 5 == 0) r.params.logprobs = 3;
+    r.request_id = std::to_string(i);
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+struct RunResult {
+  std::map<std::string, std::vector<int32_t>> tokens;
+  std::map<std::string, std::string> finish;
+  std::map<std::string, std::vector<float>> logprobs;
+  EngineStats stats;
+};
+
+RunResult RunEngine(const EngineArgs& args, const std::vector<GenerateRequest>& reqs, bool one_at_a_time = false) {
+  auto engine = Engine::OpenWithBackend(args, std::make_unique<CanaryBackend>(), nullptr);
+  RunResult res;
+  auto drain = [&] {
+    while (engine->HasUnfinished()) {
+      for (auto& o : engine->Step()) {
+        auto& toks = res.tokens[o.request_id];
+        toks.insert(toks.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+        for (auto& lp : o.new_logprobs) res.logprobs[o.request_id].push_back(lp.chosen.logprob);
+        if (o.finished) {
+          res.finish[o.request_id] = o.finish_reason;
+          EXPECT_EQ(o.token_ids, toks);
+        }
+      }
+    }
+  };
+  for (const auto& r : reqs) {
+    engine->Submit(r);
+    if (one_at_a_time) drain();
+  }
+  drain();
+  res.stats = engine->Stats();
+  EXPECT_EQ(res.stats.num_kv_blocks_used, 0);
+  EXPECT_EQ(res.stats.num_running, 0);
+  return res;
+}
+
+TEST(Engine, BatchedEqualsAloneForEveryRequest) {
+  auto reqs = MakeRequests(24, 7);
+  RunResult alone = RunEngine(Args(1, 512), reqs, /*one_at_a_time=*/true);
+  RunResult batched = RunEngine(Args(8, 512), reqs);
+  EXPECT_EQ(batched.tokens, alone.tokens);
+  EXPECT_EQ(batched.finish, alone.finish);
+  EXPECT_EQ(batched.logprobs, alone.logprobs);
+  int total = 0;
+  for (auto& [id, t] : alone.tokens) total += static_cast<int>(t.size());
+  EXPECT_GT(total, 100);
+}
+
+TEST(Engine, TokenBudgetsGiveIdenticalTokens) {
+  auto reqs = MakeRequests(16, 11);
+  RunResult ref = RunEngine(Args(8, 256), reqs);
+  for (int64_t budget : {3, 16, 64}) {
+    RunResult r = RunEngine(Args(8, budget), reqs);
+    EXPECT_EQ(r.tokens, ref.tokens) << "budget " << budget;
+  }
+}
+
+TEST(Engine, SmallPoolPreemptsAndCompletesEverything) {
+  auto reqs = MakeRequests(16, 13);
+  RunResult ref = RunEngine(Args(8, 256), reqs);
+  RunResult small = RunEngine(Args(8, 256, /*blocks=*/16), reqs);  // each request needs up to 15 blocks
+  EXPECT_EQ(small.tokens, ref.tokens);
+  EXPECT_GT(small.stats.num_preemptions, 0);
+  EXPECT_LE(small.stats.peak_kv_blocks_used, 16);
+  EXPECT_EQ(small.stats.num_kv_blocks_used, 0);
+}
+
+TEST(Engine, PaddingRowsNeverTouchRealState) {
+  auto reqs = MakeRequests(12, 17);
+  RunResult ref = RunEngine(Args(4, 64), reqs);
+  EngineArgs a = Args(4, 64);
+  a.prefill_token_buckets = {8, 32, 64};
+  a.decode_batch_buckets = {2, 4, 8};
+  a.prompt_as_decode_max_tokens = 2;
+  RunResult padded = RunEngine(a, reqs);
+  EXPECT_EQ(padded.tokens, ref.tokens);
+}
+
+TEST(Engine, BadRequestsAreRejectedAndTheEngineGoesOn) {
+  auto engine = Engine::OpenWithBackend(Args(4, 64), std::make_unique<CanaryBackend>(), nullptr);
+  GenerateRequest empty;
+  empty.prompt_token_ids = std::vector<int32_t>{};
+  EXPECT_THROW(engine->Submit(empty), Error);
+  GenerateRequest too_long;
+  too_long.prompt_token_ids = std::vector<int32_t>(120, 5);
+  too_long.params.max_tokens = 20;
+  try {
+    engine->Submit(too_long);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exceeds max_model_len 128"), std::string::npos) << e.what();
+  }
+  GenerateRequest bad_id;
+  bad_id.prompt_token_ids = std::vector<int32_t>{5, 300};
+  EXPECT_THROW(engine->Submit(bad_id), Error);
+  GenerateRequest bad_param;
+  bad_param.prompt_token_ids = std::vector<int32_t>{5};
+  bad_param.params.top_p = 1.5;
+  EXPECT_THROW(engine->Submit(bad_param), Error);
+  GenerateRequest text;
+  text.prompt = "hello";
+  EXPECT_THROW(engine->Submit(text), Error);  // no tokenizer in this engine
+  GenerateRequest ok;
+  ok.prompt_token_ids = std::vector<int32_t>{5, 6, 7};
+  ok.params.max_tokens = 4;
+  ok.params.temperature = 0;
+  engine->Submit(ok);
+  int n = 0;
+  while (engine->HasUnfinished())
+    for (auto& o : engine->Step()) n += static_cast<int>(o.new_token_ids.size());
+  EXPECT_GE(n, 1);
+}
+
+TEST(Engine, NanLogitsFailOneRequestOnly) {
+  auto reqs = MakeRequests(6, 19);
+  RunResult ref = RunEngine(Args(8, 256), reqs);
+  GenerateRequest poison;
+  poison.prompt_token_ids = std::vector<int32_t>{5, kNanToken, 6};
+  poison.request_id = "poison";
+  auto with = reqs;
+  with.insert(with.begin() + 3, poison);
+  RunResult r = RunEngine(Args(8, 256), with);
+  EXPECT_EQ(r.finish["poison"], "error");
+  r.tokens.erase("poison");
+  r.finish.erase("poison");
+  EXPECT_EQ(r.tokens, ref.tokens);
+}
+
+TEST(Engine, AbortFreesBlocksAtOnce) {
+  auto engine = Engine::OpenWithBackend(Args(4, 64), std::make_unique<CanaryBackend>(), nullptr);
+  GenerateRequest r;
+  r.prompt_token_ids = std::vector<int32_t>(30, 9);
+  r.params.max_tokens = 50;
+  r.params.ignore_eos = true;
+  const uint64_t id = engine->Submit(r);
+  engine->Step();
+  engine->Step();
+  EXPECT_GT(engine->Stats().num_kv_blocks_used, 0);
+  engine->Abort(id);
+  EXPECT_EQ(engine->Stats().num_kv_blocks_used, 0);
+  auto outs = engine->Step();
+  ASSERT_EQ(outs.size(), 1u);
+  EXPECT_TRUE(outs[0].finished);
+  EXPECT_EQ(outs[0].finish_reason, "abort");
+  EXPECT_FALSE(engine->HasUnfinished());
+}
+
+}  // namespace
+}  // namespace deepinfer
