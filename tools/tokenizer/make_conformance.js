@@ -156,6 +156,27 @@ add("special/inword", "abc<｜User｜>def 123<｜Assistant｜>456 ，<｜end▁o
   }
 }
 
+// --- 10. Long pieces (BPE on pieces longer than 48 bytes takes the heap path).
+{
+  const letters = "abcdefghijklmnopqrstuvwxyzaeiouaeiouns";
+  for (let k = 0; k < 12; ++k) {
+    let s = "";
+    const n = 49 + randInt(400);
+    for (let i = 0; i < n; ++i) s += letters[randInt(letters.length)];
+    add(`long/letters${k}`, (k % 2 ? " " : "") + s);
+  }
+  add("long/same", "a".repeat(333) + " " + "ab".repeat(200) + " " + "é".repeat(90));
+  let cjk = "";
+  for (let i = 0; i < 700; ++i) cjk += String.fromCodePoint(0x4e00 + randInt(0x9fa5 - 0x4e00 + 1));
+  add("long/cjk", cjk);
+  let kana = "";
+  for (let i = 0; i < 300; ++i) kana += String.fromCodePoint(0x3041 + randInt(0x3096 - 0x3041 + 1));
+  add("long/kana", kana);
+  let cyr = "";
+  for (let i = 0; i < 120; ++i) cyr += String.fromCodePoint(0x430 + randInt(32));
+  add("long/cyrillic", cyr);
+}
+
 // --- write -------------------------------------------------------------------
 const tok = loadOracle();
 const lines = [];
