@@ -28,13 +28,37 @@ std::string Who(const SamplingState& st) {
 // round(v · 2^32) for v in [0, 1]; v · 2^32 is exact in double, llround is exact.
 inline uint64_t Frac32(double v) { return static_cast<uint64_t>(std::llround(v * 4294967296.0)); }
 
+// One pass over a row: the max, and the first NaN/+Inf id (−1 if none).
+struct RowScan {
+  float max = kNegInf;
+  int64_t bad = -1;
+};
+RowScan ScanRow(const float* x, int64_t V) {
+  RowScan r;
+  bool bad = false;
+  float m = kNegInf;
+  for (int64_t i = 0; i < V; ++i) {
+    const float v = x[i];
+    bad |= (v != v) | (v == std::numeric_limits<float>::infinity());
+    m = v > m ? v : m;
+  }
+  r.max = m;
+  if (bad)
+    for (int64_t i = 0; i < V; ++i)
+      if (BadLogit(x[i])) {
+        r.bad = i;
+        break;
+      }
+  return r;
+}
+
 // Per-thread scratch, sized to the vocabulary on first use.
 struct Scratch {
   std::vector<float> x;          // processed logits
   std::vector<uint64_t> q;       // fixed-point weights (0 = not drawable)
-  std::vector<uint8_t> keep;     // survives min_p / top_k / top_p
+  std::vector<uint8_t> keep;     // survives top_k / min_p / top_p
   std::vector<float> tmp;        // top-k selection
-  std::vector<std::pair<uint64_t, int32_t>> pairs;  // top-p
+  std::vector<std::pair<uint64_t, int32_t>> pairs;  // top-p boundary bucket
   std::vector<uint64_t> blocks;  // block sums
   std::vector<float> key;        // logprob ordering key
   std::vector<int32_t> idx;      // top-N selection
@@ -42,6 +66,74 @@ struct Scratch {
 Scratch& ThreadScratch() {
   thread_local Scratch s;
   return s;
+}
+
+// The k-th largest of the values x[i] with keep[i] (counting repeats); k >= 1
+// and at most the number of kept values.
+float KthLargest(const float* x, const uint8_t* keep, int64_t V, int64_t k, std::vector<float>& tmp) {
+  tmp.clear();
+  if (k <= 256) {  // a min-heap of the k largest so far: mostly one compare per id
+    auto gt = std::greater<float>();
+    for (int64_t i = 0; i < V; ++i) {
+      if (!keep[i]) continue;
+      const float v = x[i];
+      if (static_cast<int64_t>(tmp.size()) < k) {
+        tmp.push_back(v);
+        std::push_heap(tmp.begin(), tmp.end(), gt);
+      } else if (v > tmp.front()) {
+        std::pop_heap(tmp.begin(), tmp.end(), gt);
+        tmp.back() = v;
+        std::push_heap(tmp.begin(), tmp.end(), gt);
+      }
+    }
+    return tmp.front();
+  }
+  for (int64_t i = 0; i < V; ++i)
+    if (keep[i]) tmp.push_back(x[i]);
+  std::nth_element(tmp.begin(), tmp.begin() + (k - 1), tmp.end(), std::greater<float>());
+  return tmp[static_cast<size_t>(k - 1)];
+}
+
+// top_p on fixed-point weights: the smallest q kept by "Σ_{kept j: q_j > q_i}
+// q_j < t·Q / 2^32". Exact. Weights are bucketed by bit width (one pass);
+// buckets that are wholly kept or wholly dropped are decided from their sums,
+// and only the bucket holding the boundary is sorted.
+uint64_t TopPCutoff(const uint64_t* q, const uint8_t* keep, int64_t V, uint64_t t, int S,
+                    std::vector<std::pair<uint64_t, int32_t>>& pairs) {
+  uint64_t mass[65] = {};
+  uint64_t total = 0;
+  for (int64_t i = 0; i < V; ++i)
+    if (keep[i]) {
+      mass[std::bit_width(q[i])] += q[i];
+      total += q[i];
+    }
+  const u128 thr = static_cast<u128>(t) * total;
+  uint64_t above = 0;      // Σ of weights in the buckets above the current one
+  uint64_t cutoff = 0;     // smallest weight known to be kept
+  for (int b = S + 1; b >= 1; --b) {
+    if (mass[b] == 0) continue;
+    if ((static_cast<u128>(above) << 32) >= thr) break;  // this and lower buckets: dropped
+    if ((static_cast<u128>(above + mass[b]) << 32) < thr) {  // wholly kept
+      above += mass[b];
+      cutoff = uint64_t{1} << (b - 1);  // every weight in bucket b is >= this
+      continue;
+    }
+    // The boundary is in bucket b: walk its weights in descending order; equal
+    // weights are kept or dropped together.
+    pairs.clear();
+    for (int64_t i = 0; i < V; ++i)
+      if (keep[i] && static_cast<int>(std::bit_width(q[i])) == b) pairs.emplace_back(q[i], static_cast<int32_t>(i));
+    std::sort(pairs.begin(), pairs.end(), [](const auto& a, const auto& c) { return a.first > c.first; });
+    for (size_t g = 0; g < pairs.size();) {
+      const uint64_t qv = pairs[g].first;
+      if (!((static_cast<u128>(above) << 32) < thr)) break;
+      cutoff = qv;
+      while (g < pairs.size() && pairs[g].first == qv) above += pairs[g++].first;
+    }
+    break;
+  }
+  // Weight 0 is never kept (its "above" is the whole total, and t <= 2^32).
+  return std::max<uint64_t>(cutoff, 1);
 }
 
 // The logprobs entry for ordering key `key` (−inf = removed), chosen id, top N.
@@ -56,14 +148,32 @@ LogprobsEntry BuildLogprobs(const float* key, int64_t V, int32_t chosen, int64_t
   e.chosen = TokenLogprob{chosen, static_cast<float>(value(chosen)), above + 1};
   const int64_t n = num_top < 0 ? V : std::min<int64_t>(num_top, V);
   if (n == 0) return e;
-  idx.resize(static_cast<size_t>(V));
-  std::iota(idx.begin(), idx.end(), 0);
+  // "a ranks before b": larger key, then lower id.
   auto better = [key](int32_t a, int32_t b) {
     return key[a] > key[b] || (key[a] == key[b] && a < b);
   };
-  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), better);
+  idx.clear();
+  if (n <= 64) {  // a heap whose front is the worst of the n best so far
+    for (int64_t i = 0; i < V; ++i) {
+      const int32_t id = static_cast<int32_t>(i);
+      if (static_cast<int64_t>(idx.size()) < n) {
+        idx.push_back(id);
+        std::push_heap(idx.begin(), idx.end(), better);
+      } else if (better(id, idx.front())) {
+        std::pop_heap(idx.begin(), idx.end(), better);
+        idx.back() = id;
+        std::push_heap(idx.begin(), idx.end(), better);
+      }
+    }
+    std::sort(idx.begin(), idx.end(), better);
+  } else {
+    idx.resize(static_cast<size_t>(V));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), better);
+    idx.resize(static_cast<size_t>(n));
+  }
   e.top.reserve(static_cast<size_t>(n));
-  // Ranks: ids sorted by (key desc, id asc); equal keys share the rank of the first.
+  // Ranks: equal keys share the rank of the first (1 + number strictly above).
   int64_t rank = 1;
   for (int64_t j = 0; j < n; ++j) {
     const int32_t id = idx[j];
@@ -73,11 +183,11 @@ LogprobsEntry BuildLogprobs(const float* key, int64_t V, int32_t chosen, int64_t
   return e;
 }
 
-// log Σ exp(v_i) over ids with v_i > −inf, v_i = double(x_i) − m, fixed order.
+// log Σ exp((x_i − m) / scale) over ids with x_i > −inf, in id order.
 double LogSumExpShifted(const float* x, int64_t V, double m, double scale) {
   double s = 0.0;
   for (int64_t i = 0; i < V; ++i)
-    if (x[i] != kNegInf) s += std::exp(((double)x[i] - m) / scale);
+    if (x[i] != kNegInf) s += DeterministicExp(((double)x[i] - m) / scale);
   return std::log(s);
 }
 
@@ -86,22 +196,32 @@ double LogSumExpShifted(const float* x, int64_t V, double m, double scale) {
 // ------------------------------------------------------------------ exp
 double DeterministicExp(double x) {
   if (!(x >= -700.0)) return 0.0;
-  // x = k·ln2 + r. ln2 split into hi (30 significant bits, so k·hi is exact for
-  // |k| < 2^23) and lo; hi + lo = ln 2 to 1.2e−26.
+  // x = k·ln2 + r. k = x/ln2 rounded to nearest by the 1.5·2^52 trick (exact
+  // IEEE round-to-nearest-even, no libm call). ln2 is split into hi (30
+  // significant bits, so k·hi is exact for |k| < 2^23) and lo; hi + lo = ln 2
+  // to 1.2e−26. |r| <= ln2/2 + 2^−40.
   constexpr double kInvLn2 = 0x1.71547652b82fep0;
   constexpr double kLn2Hi = 0x1.62e42feep-1;
   constexpr double kLn2Lo = 0x1.a39ef35793c76p-33;
-  const double kd = std::floor(x * kInvLn2 + 0.5);
+  constexpr double kRound = 0x1.8p52;
+  const double kd = (x * kInvLn2 + kRound) - kRound;
   const double r = (x - kd * kLn2Hi) - kd * kLn2Lo;
-  // 1/n! for n = 0..13; each is one correctly rounded division of exact values.
-  constexpr double kFact[14] = {1.0,        1.0,         2.0,          6.0,
-                                24.0,       120.0,       720.0,        5040.0,
-                                40320.0,    362880.0,    3628800.0,    39916800.0,
+  // Degree-13 Taylor polynomial, Horner form; coefficient n is 1/n!, one
+  // correctly rounded division of exact integers (evaluated at compile time).
+  constexpr double kFact[14] = {1.0,         1.0,          2.0,         6.0,
+                                24.0,        120.0,        720.0,       5040.0,
+                                40320.0,     362880.0,     3628800.0,   39916800.0,
                                 479001600.0, 6227020800.0};
   double p = 1.0 / kFact[13];
   for (int n = 12; n >= 1; --n) p = p * r + 1.0 / kFact[n];
   p = p * r + 1.0;
-  return std::ldexp(p, static_cast<int>(kd));
+  // · 2^k, k in [−1010, 0]: 2^k is a normal double built from its bits, and
+  // p · 2^k (p in [0.7, 1.42]) is normal, so the product is exact.
+  const int64_t k = static_cast<int64_t>(kd);
+  double scale;
+  const uint64_t bits = static_cast<uint64_t>(k + 1023) << 52;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
 }
 
 // ------------------------------------------------------------------ modes
@@ -191,10 +311,10 @@ SampleResult Sampler::Sample(std::span<const float> logits, const SamplingState&
   const SamplingParams& P = st.params();
   const int64_t pos = st.num_output_tokens();
   const float* raw = logits.data();
-  for (int64_t i = 0; i < V; ++i)
-    if (BadLogit(raw[i]))
-      Fail(ErrorKind::kInternal, "{}: logits contain {} at token id {} (output position {})",
-           Who(st), std::isnan(raw[i]) ? "NaN" : "+Inf", i, pos);
+  const RowScan raw_scan = ScanRow(raw, V);
+  if (raw_scan.bad >= 0)
+    Fail(ErrorKind::kInternal, "{}: logits contain {} at token id {} (output position {})",
+         Who(st), std::isnan(raw[raw_scan.bad]) ? "NaN" : "+Inf", raw_scan.bad, pos);
 
   Scratch& s = ThreadScratch();
 
@@ -240,21 +360,13 @@ SampleResult Sampler::Sample(std::span<const float> logits, const SamplingState&
   }
 
   // Max (lowest id on ties) and a check that processing did not overflow.
-  float m = kNegInf;
-  int32_t argmax = -1;
-  for (int64_t i = 0; i < V; ++i) {
-    if (x[i] > m) {
-      m = x[i];
-      argmax = static_cast<int32_t>(i);
-    }
-  }
-  if (needs_copy)
-    for (int64_t i = 0; i < V; ++i)
-      if (BadLogit(x[i]))
-        Fail(ErrorKind::kInvalidArgument,
-             "{}: logit of token id {} became {} after logit_bias/penalties (output position {})",
-             Who(st), i, std::isnan(x[i]) ? "NaN" : "+Inf", pos);
-  if (argmax < 0)
+  const RowScan scan = needs_copy ? ScanRow(x, V) : raw_scan;
+  if (scan.bad >= 0)
+    Fail(ErrorKind::kInvalidArgument,
+         "{}: logit of token id {} became {} after logit_bias/penalties (output position {})",
+         Who(st), scan.bad, std::isnan(x[scan.bad]) ? "NaN" : "+Inf", pos);
+  const float m = scan.max;
+  if (m == kNegInf)
     Fail(ErrorKind::kInvalidArgument,
          "{}: no token can be sampled at output position {}: every token id has logit -inf after "
          "the bitmask, min_tokens and logit_bias",
@@ -262,24 +374,39 @@ SampleResult Sampler::Sample(std::span<const float> logits, const SamplingState&
 
   SampleResult res;
   const bool greedy = P.IsGreedy();
-  if (greedy) {
-    res.token_id = argmax;  // 5. greedy
+  if (greedy) {  // 5. greedy: the lowest id holding the max
+    int64_t i = 0;
+    while (x[i] != m) ++i;
+    res.token_id = static_cast<int32_t>(i);
   } else {
-    // ---- steps 6–7: temperature and fixed-point weights over candidates.
+    s.keep.resize(static_cast<size_t>(V));
+    uint8_t* keep = s.keep.data();
+    int64_t n_keep = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      keep[i] = x[i] != kNegInf;
+      n_keep += keep[i];
+    }
+    // ---- 9. top_k: keep x >= k-th largest x (ties kept). It commutes with
+    // min_p (both keep an upper set of the same ranking), so it runs first and
+    // the weights below are only computed for the survivors.
+    if (P.top_k > 1 && P.top_k < n_keep) {
+      const float t = KthLargest(x, keep, V, P.top_k, s.tmp);
+      for (int64_t i = 0; i < V; ++i) keep[i] &= !(x[i] < t);
+    }
+    // ---- steps 6–7: temperature and fixed-point weights.
     const double T = P.temperature;
     const double md = static_cast<double>(m);
     const int S = fixed_point_shift_;
     const double scale = std::ldexp(1.0, S);
-    s.q.assign(static_cast<size_t>(V), 0);
-    s.keep.assign(static_cast<size_t>(V), 0);
+    // Exp(d) < 2^−(S+1) for d below this, so q = 0 without evaluating Exp.
+    const double d_zero = -(S + 1) * 0.6931471805599453 - 1.0;
+    s.q.resize(static_cast<size_t>(V));
     uint64_t* q = s.q.data();
-    uint8_t* keep = s.keep.data();
-    int64_t n_keep = 0;
     for (int64_t i = 0; i < V; ++i) {
-      if (x[i] == kNegInf) continue;
-      keep[i] = 1;
-      ++n_keep;
+      q[i] = 0;
+      if (!keep[i]) continue;
       const double d = ((double)x[i] - md) / T;
+      if (d < d_zero) continue;
       q[i] = static_cast<uint64_t>(DeterministicExp(d) * scale);
     }
     const uint64_t q_max = uint64_t{1} << S;  // q of the max token: Exp(0) = 1
@@ -287,49 +414,13 @@ SampleResult Sampler::Sample(std::span<const float> logits, const SamplingState&
     if (P.min_p > 0.0) {
       const u128 thr = static_cast<u128>(Frac32(P.min_p)) * q_max;
       for (int64_t i = 0; i < V; ++i)
-        if (keep[i] && (static_cast<u128>(q[i]) << 32) < thr) {
-          keep[i] = 0;
-          --n_keep;
-        }
-    }
-    // ---- 9. top_k: keep x >= k-th largest kept x (ties kept).
-    if (P.top_k > 1 && P.top_k < n_keep) {
-      s.tmp.clear();
-      for (int64_t i = 0; i < V; ++i)
-        if (keep[i]) s.tmp.push_back(x[i]);
-      const int64_t k = P.top_k;
-      std::nth_element(s.tmp.begin(), s.tmp.begin() + (k - 1), s.tmp.end(), std::greater<float>());
-      const float t = s.tmp[static_cast<size_t>(k - 1)];
-      for (int64_t i = 0; i < V; ++i)
-        if (keep[i] && x[i] < t) {
-          keep[i] = 0;
-          --n_keep;
-        }
+        if (keep[i] && (static_cast<u128>(q[i]) << 32) < thr) keep[i] = 0;
     }
     // ---- 10. top_p: keep i iff Σ_{kept j: q_j > q_i} q_j < top_p · Q.
     if (P.top_p < 1.0) {
-      s.pairs.clear();
-      u128 Qp = 0;
-      for (int64_t i = 0; i < V; ++i)
-        if (keep[i]) {
-          s.pairs.emplace_back(q[i], static_cast<int32_t>(i));
-          Qp += q[i];
-        }
-      std::sort(s.pairs.begin(), s.pairs.end(),
-                [](const auto& a, const auto& b) { return a.first > b.first; });
-      const u128 thr = static_cast<u128>(std::max<uint64_t>(1, Frac32(P.top_p))) * Qp;
-      u128 above = 0;  // Σ of q strictly larger than the current group's q
-      uint64_t cutoff = q_max;  // smallest q kept
-      for (size_t g = 0; g < s.pairs.size();) {
-        const uint64_t qv = s.pairs[g].first;
-        if (!((above << 32) < thr)) break;
-        cutoff = qv;
-        size_t h = g;
-        while (h < s.pairs.size() && s.pairs[h].first == qv) above += s.pairs[h++].first;
-        g = h;
-      }
-      for (int64_t i = 0; i < V; ++i)
-        if (keep[i] && q[i] < cutoff) keep[i] = 0;
+      const uint64_t cutoff =
+          TopPCutoff(q, keep, V, std::max<uint64_t>(1, Frac32(P.top_p)), S, s.pairs);
+      for (int64_t i = 0; i < V; ++i) keep[i] &= q[i] >= cutoff;
     }
     // ---- 11. two-level fixed-point draw.
     const int64_t nb = (V + kBlock - 1) / kBlock;
@@ -362,8 +453,7 @@ SampleResult Sampler::Sample(std::span<const float> logits, const SamplingState&
   const int64_t num_top = *P.logprobs;
   const LogprobsMode mode = config_.logprobs_mode;
   if (mode == LogprobsMode::kRawLogprobs || mode == LogprobsMode::kRawLogits) {
-    float rm = kNegInf;
-    for (int64_t i = 0; i < V; ++i) rm = std::max(rm, raw[i]);
+    const float rm = raw_scan.max;
     if (mode == LogprobsMode::kRawLogits) {
       res.logprobs = BuildLogprobs(raw, V, res.token_id, num_top,
                                    [raw](int64_t i) { return (double)raw[i]; }, s.idx);

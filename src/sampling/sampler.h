@@ -24,7 +24,9 @@
 //   6. temperature          d_i = (double(x_i) − double(m)) / T   (m = max x)
 //   7. fixed-point weights  q_i = floor(Exp(d_i) · 2^S)  (below)
 //   8. min_p                keep q_i · 2^32 >= round(min_p · 2^32) · q_max
-//   9. top_k                keep x_i >= (k-th largest x)  (ties at the k-th value kept, as vLLM)
+//   9. top_k                keep x_i >= (k-th largest x)  (ties at the k-th value kept, as vLLM;
+//                           evaluated before step 7, which it commutes with, so that
+//                           weights are only computed for the survivors)
 //  10. top_p                keep i iff Σ_{kept j: q_j > q_i} q_j < top_p · Q
 //                           (Q = Σ kept q; exact: compared as 128-bit integers with
 //                           top_p rounded to a multiple of 2^-32, at least 2^-32)
@@ -80,9 +82,9 @@
 // forward pass's job; (c) DeterministicExp differs from the true exponential by
 // a few ulp (relative ~1e−15), a bias of that size in the target distribution.
 //
-// Logprobs are reported values, not decisions: they use libm exp/log in
-// double with a fixed summation order (identical on one machine whatever the
-// batch), and are rounded to float.
+// Logprobs are reported values, not decisions: log-sum-exp in double with
+// DeterministicExp, a fixed summation order and libm's log (identical on one
+// machine whatever the batch), rounded to float.
 //
 // ---------------------------------------------------------------------------
 // Errors. A row containing NaN or +Inf (−Inf is allowed: "impossible token"),

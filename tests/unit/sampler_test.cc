@@ -339,15 +339,19 @@ int32_t DocumentedDraw(const std::vector<float>& x, const SamplingParams& p, int
     u128 Q = 0;
     for (int64_t i = 0; i < V; ++i)
       if (keep[i]) Q += q[i];
-    std::vector<char> keep2 = keep;
+    // above(v) = Σ of kept weights strictly greater than v, from a sorted copy.
+    std::vector<uint64_t> w;
+    for (int64_t i = 0; i < V; ++i)
+      if (keep[i]) w.push_back(q[i]);
+    std::sort(w.begin(), w.end(), std::greater<uint64_t>());
+    std::vector<u128> prefix(w.size() + 1, 0);
+    for (size_t j = 0; j < w.size(); ++j) prefix[j + 1] = prefix[j] + w[j];
     for (int64_t i = 0; i < V; ++i) {
       if (!keep[i]) continue;
-      u128 above = 0;
-      for (int64_t j = 0; j < V; ++j)
-        if (keep[j] && q[j] > q[i]) above += q[j];
-      keep2[i] = (above << 32) < u128(t) * Q;
+      const size_t n_greater = static_cast<size_t>(
+          std::lower_bound(w.begin(), w.end(), q[i], std::greater<uint64_t>()) - w.begin());
+      keep[i] = (prefix[n_greater] << 32) < u128(t) * Q;
     }
-    keep = keep2;
   }
   uint64_t Q = 0;
   for (int64_t i = 0; i < V; ++i)
@@ -382,6 +386,29 @@ TEST(SamplerAlgorithm, MatchesThePlainDocumentedAlgorithm) {
       const int32_t got = sampler.Sample(x, st).token_id;
       ASSERT_EQ(got, DocumentedDraw(x, p, 99, static_cast<uint64_t>(i))) << c.name << " draw " << i;
       st.Accept(got);
+    }
+  }
+  // Heavily tied logits (7 distinct values): top_p groups of equal weight.
+  std::vector<float> tied(V);
+  for (int i = 0; i < V; ++i) tied[i] = static_cast<float>(std::round(3.0 * std::sin(i * 0.37)) * 0.5);
+  for (double top_p : {0.05, 0.3, 0.5, 0.93}) {
+    SamplingParams p;
+    p.top_p = top_p;
+    SamplingState st(p, 5, V);
+    std::vector<char> seen(V, 0);
+    for (int i = 0; i < 60; ++i) {
+      const int32_t got = sampler.Sample(tied, st).token_id;
+      ASSERT_EQ(got, DocumentedDraw(tied, p, 5, static_cast<uint64_t>(i))) << "top_p " << top_p;
+      seen[got] = 1;
+      st.Accept(got);
+    }
+    // top_p 0.05 keeps exactly the group of tied maxima (1.5).
+    if (top_p == 0.05) {
+      for (int i = 0; i < V; ++i) {
+        if (seen[i]) {
+          EXPECT_EQ(tied[i], 1.5f) << i;
+        }
+      }
     }
   }
 }
