@@ -8,6 +8,8 @@
 namespace deepinfer::cli {
 
 void RegisterVersion(CLI::App& app);
+void RegisterTokenize(CLI::App& app);    // cmd_tokenize.cc: deepinfer tokenize --model DIR
+void RegisterDetokenize(CLI::App& app);  // cmd_tokenize.cc: deepinfer detokenize --model DIR
 // Each of these is implemented in its own apps/cli/cmd_*.cc:
 //   RegisterInspect   (cmd_inspect.cc)    deepinfer inspect MODEL_DIR
 //   RegisterMakeTiny  (cmd_make_tiny.cc)  deepinfer make-tiny --arch deepseek_v41 OUT_DIR

@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   CLI::App app{"deepinfer — inference engine for DeepSeek-V4-family models"};
   app.require_subcommand(1);
   deepinfer::cli::RegisterVersion(app);
+  deepinfer::cli::RegisterTokenize(app);
+  deepinfer::cli::RegisterDetokenize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
