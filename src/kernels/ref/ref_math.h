@@ -1,0 +1,55 @@
+// deepinfer/kernels/ref/ref_math.h — scalar elementwise maths and reductions
+// with the exact rounding behaviour of the reference run (model-spec §4.2).
+//
+// The V4.1 golden vectors come from DeepSeek's reference executed with torch on
+// an AVX-512 CPU (shared golden README, "Numeric settings"). Where torch's
+// result depends on its implementation rather than on IEEE arithmetic, the
+// functions here reproduce that implementation bit for bit:
+//
+//   * SleefExpf / SleefLog1pf / SleefPowf: torch's vectorised exp, log1p and
+//     pow on AVX-512 call SLEEF's 1.0-ULP functions (Sleef_expf16_u10 etc.,
+//     FMA variant). These are scalar transcriptions of those algorithms using
+//     std::fma, so they give the same bits on any x86-64 CPU. They are not
+//     correctly rounded; glibc's expf differs from them in the last bit for
+//     some inputs.
+//   * TorchSum: torch's CPU sum of a contiguous float row (cascade_sum /
+//     vectorized_inner_sum with 16-lane vectors and 4-way ILP).
+//   * TorchTopK: torch's CPU topk index selection (topk_impl_loop: libstdc++
+//     nth_element / partial_sort on (value, index) pairs), including its
+//     tie-breaking, which the V4.1 indexer hits often (bf16 scores, ReLU zeros).
+//
+// All functions are pure and thread-safe.
+#pragma once
+
+#include <cstdint>
+
+namespace deepinfer::ref {
+
+// SLEEF's expf_u10 (AVX-512 FMA build). Returns +inf above 100 and 0 below -104.
+float SleefExpf(float x);
+// SLEEF's log1pf_u10 (AVX-512 FMA build).
+float SleefLog1pf(float x);
+// SLEEF's powf_u10 (AVX-512 FMA build), for finite positive x (the RoPE table).
+float SleefPowf(float x, float y);
+
+// Sum of n contiguous floats in the order of torch's CPU float sum over the
+// innermost dimension (AVX-512: 16 lanes, 4 independent vector accumulators,
+// multi-level cascade every 16 steps, scalar tail added before the lanes).
+float TorchSum(const float* x, int64_t n);
+
+// Indices of the k largest values of v[0..n) chosen exactly as torch's CPU
+// topk does (largest=true): std::partial_sort when k*64 <= n, else
+// std::nth_element (then std::sort of the first k-1 when `sorted`), on
+// (value, index) pairs with comparator "a > b" (NaN counted as largest).
+// Writes k indices to idx in torch's output order. Requires 1 <= k <= n.
+void TorchTopK(const float* v, int64_t n, int64_t k, bool sorted, int64_t* idx);
+
+// Torch's sigmoid: 1 / (1 + exp(-x)). `vector_path` selects the exp of torch's
+// vectorised loop (SLEEF) rather than of its scalar tail (glibc std::exp).
+float TorchSigmoid(float x, bool vector_path);
+// Torch's silu on the vectorised path: x / (1 + exp(-x)) with SLEEF exp.
+float TorchSilu(float x);
+// Torch's softplus (beta 1, threshold 20) on the vectorised path.
+float TorchSoftplus(float x);
+
+}  // namespace deepinfer::ref

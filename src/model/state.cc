@@ -1,0 +1,103 @@
+// StateGeometry and DenseStateArena (model/state.h; model-spec §5.1).
+#include "model/state.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/error.h"
+
+namespace deepinfer {
+
+StateGeometry StateGeometry::FromConfig(const ModelConfig& cfg, int64_t block_size) {
+  if (block_size <= 0)
+    Fail(ErrorKind::kInvalidArgument, "state block size {} must be positive", block_size);
+  StateGeometry g;
+  g.block_size = block_size;
+  for (int k = 0; k < static_cast<int>(StateKind::kCount); ++k) g.kinds[k].kind = static_cast<StateKind>(k);
+  auto& win = g.kinds[static_cast<int>(StateKind::kWindow)];
+  auto& ckv = g.kinds[static_cast<int>(StateKind::kCompressedKv)];
+  auto& ik = g.kinds[static_cast<int>(StateKind::kIndexKey)];
+  auto& carry = g.kinds[static_cast<int>(StateKind::kCompressorCarry)];
+  auto& eng = g.kinds[static_cast<int>(StateKind::kEngram)];
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    win.regions.push_back({l, cfg.head_dim * 2, cfg.window_size});
+    const int r = cfg.compress_ratios.at(l);
+    const bool kv_source = std::find(cfg.kv_source_layers.begin(), cfg.kv_source_layers.end(), l) !=
+                           cfg.kv_source_layers.end();
+    if (!kv_source || r <= 0) continue;
+    if (block_size % r != 0)
+      Fail(ErrorKind::kInvalidArgument,
+           "state block size {} is not a multiple of compress ratio {} of KV-source layer {}", block_size, r, l);
+    ckv.regions.push_back({l, cfg.head_dim * 2, block_size / r});
+    ik.regions.push_back({l, cfg.index_head_dim * 2, block_size / r});
+    if (r > 1) carry.regions.push_back({l, cfg.head_dim * 2 * 4, r - 1});
+  }
+  if (!cfg.engram_layer_ids.empty())
+    eng.regions.push_back({-1, 4, std::max(1, cfg.engram_max_ngram_size - 1)});
+  return g;
+}
+
+int64_t StateGeometry::PagedBytesPerBlock() const {
+  return of(StateKind::kCompressedKv).bytes_per_block() + of(StateKind::kIndexKey).bytes_per_block();
+}
+
+int64_t StateGeometry::FixedBytesPerSlot() const {
+  return of(StateKind::kWindow).bytes_per_block() + of(StateKind::kCompressorCarry).bytes_per_block() +
+         of(StateKind::kEngram).bytes_per_block();
+}
+
+DenseStateArena::DenseStateArena(const StateGeometry& geometry, int num_slots, int64_t num_blocks)
+    : geometry_(geometry), memory_(static_cast<int>(StateKind::kCount)) {
+  if (num_slots < 0 || num_blocks < 0)
+    Fail(ErrorKind::kInvalidArgument, "DenseStateArena: {} slots and {} blocks, expected non-negative counts",
+         num_slots, num_blocks);
+  for (int k = 0; k < static_cast<int>(StateKind::kCount); ++k) {
+    const StateKindGeometry& kg = geometry_.kinds[k];
+    const int64_t units = kg.paged() ? num_blocks + 1 : static_cast<int64_t>(num_slots) + 1;  // + scratch
+    int64_t off = 0;
+    pools_[k].region_offset.clear();
+    for (const auto& r : kg.regions) {
+      pools_[k].region_offset.push_back(off);
+      off += units * r.block_bytes();
+    }
+    memory_[k].assign(static_cast<size_t>(off), 0);
+    pools_[k].base = memory_[k].data();
+  }
+}
+
+void DenseStateArena::ResetBlocks(const int32_t* blocks, int64_t n) {
+  for (int k = 0; k < static_cast<int>(StateKind::kCount); ++k) {
+    const StateKindGeometry& kg = geometry_.kinds[k];
+    if (!kg.paged()) continue;
+    for (size_t ri = 0; ri < kg.regions.size(); ++ri) {
+      const int64_t bb = kg.regions[ri].block_bytes();
+      for (int64_t i = 0; i < n; ++i)
+        std::memset(pools_[k].base + pools_[k].region_offset[ri] + static_cast<int64_t>(blocks[i]) * bb, 0,
+                    static_cast<size_t>(bb));
+    }
+  }
+}
+
+SequenceStateView DenseStateArena::View(int slot, const int32_t* block_table, int64_t num_blocks) const {
+  SequenceStateView v;
+  v.pools = pools_;
+  v.geometry = &geometry_;
+  v.slot = slot;
+  v.block_table = block_table;
+  v.num_blocks = num_blocks;
+  return v;
+}
+
+void DenseStateArena::ResetSlot(int slot) {
+  for (int k = 0; k < static_cast<int>(StateKind::kCount); ++k) {
+    const StateKindGeometry& kg = geometry_.kinds[k];
+    if (kg.paged()) continue;
+    for (size_t ri = 0; ri < kg.regions.size(); ++ri) {
+      const int64_t bb = kg.regions[ri].block_bytes();
+      std::memset(pools_[k].base + pools_[k].region_offset[ri] + static_cast<int64_t>(slot) * bb, 0,
+                  static_cast<size_t>(bb));
+    }
+  }
+}
+
+}  // namespace deepinfer

@@ -1,0 +1,849 @@
+// The DeepSeek-V4.1 forward pass (model.h). Reference semantics per
+// model-spec §3.3 (what each step computes) and §4 (where it rounds); the
+// comments name the reference step each block reproduces.
+//
+// Organisation of one Forward call: all rows of all sequences are processed
+// together layer by layer. Row-wise operators (linears, norms, mHC, MoE,
+// Engram) treat every row independently; attention, the compressor and the
+// indexer work per sequence on that sequence's rows and state. Nothing reads
+// another sequence's rows, so results are batch-invariant.
+//
+// Attention candidate list (the order matters: probabilities are rounded to
+// BF16 per 64-wide chunk of the list, and chunk sums follow torch's order):
+//   * window part: a start_pos-0 call uses the reference prefill layout —
+//     min(T, window) slots, the query's window positions oldest first, absent
+//     slots last; any other call uses the reference decode layout — window
+//     slots, positions p−window+1 .. p oldest first (absent = before the
+//     sequence start, first);
+//   * compressed part (ratio > 0): min(index_topk, E) slots with
+//     E = ⌊(start_pos+T)/ratio⌋, the selected compressed positions ascending,
+//     absent slots last.
+#include "model/v41/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "format/numerics.h"
+#include "kernels/ref/ref_math.h"
+#include "kernels/ref/ref_ops.h"
+#include "model/v41/engram.h"
+#include "model/v41/weights.h"
+
+namespace deepinfer::v41 {
+
+struct Tables {
+  ref::RopeTable rope_swa;       // ratio 0: rope_theta, no YaRN
+  ref::RopeTable rope_compress;  // ratio > 0: compress_rope_theta with YaRN
+  const ref::RopeTable& For(int ratio) const { return ratio > 0 ? rope_compress : rope_swa; }
+};
+
+V41Model::~V41Model() = default;
+
+std::unique_ptr<V41Model> V41Model::Load(const std::filesystem::path& model_dir, const V41Options& options) {
+  std::unique_ptr<V41Model> m(new V41Model());
+  m->cfg_ = ModelConfig::Load(model_dir);
+  const ModelConfig& c = m->cfg_;
+  if (c.arch != Arch::kDeepseekV41)
+    Fail(ErrorKind::kInvalidArgument, "{}: model_type {} is not deepseek_v41", model_dir.string(), c.model_type);
+  if (c.n_shared_experts != 1)
+    Fail(ErrorKind::kInvalidArgument, "{}: n_shared_experts {} not supported, expected 1", model_dir.string(),
+         c.n_shared_experts);
+  if (c.score_func != "sqrtsoftplus")
+    Fail(ErrorKind::kInvalidArgument, "{}: scoring_func {} not supported, expected sqrtsoftplus",
+         model_dir.string(), c.score_func);
+  if (c.rope_head_dim % 2 != 0 || c.rope_head_dim > c.head_dim || c.rope_head_dim > c.index_head_dim ||
+      c.rope_head_dim > 1024)
+    Fail(ErrorKind::kInvalidArgument, "{}: qk_rope_head_dim {} not supported", model_dir.string(),
+         c.rope_head_dim);
+  if (c.head_dim % 32 != 0 || c.index_head_dim % 32 != 0)
+    Fail(ErrorKind::kInvalidArgument, "{}: head_dim {} / index_head_dim {} must be multiples of 32",
+         model_dir.string(), c.head_dim, c.index_head_dim);
+  for (int l = 0; l < c.n_layers; ++l)
+    if (c.compress_ratios[l] < 0 || c.compress_ratios[l] > 2)
+      Fail(ErrorKind::kInvalidArgument, "{}: layer {} compress ratio {} is not a V4.1 ratio (0, 1, 2)",
+           model_dir.string(), l, c.compress_ratios[l]);
+  m->store_ = TensorStore::Open(model_dir);
+  m->w_ = ModelWeights::Bind(*m->store_, c);
+  if (!c.engram_layer_ids.empty()) {
+    std::vector<int32_t> map = options.engram_token_map;
+    if (map.empty()) {
+      if (options.engram_token_map_file.empty())
+        Fail(ErrorKind::kInvalidArgument,
+             "{}: the model has Engram layers; an Engram token map is required (V41Options)", model_dir.string());
+      map = LoadEngramTokenMap(options.engram_token_map_file);
+    }
+    m->engram_ = std::make_unique<EngramHasher>(c, std::move(map));
+  }
+  m->tables_ = std::make_unique<Tables>();
+  m->tables_->rope_swa = ref::RopeTable(c.rope_head_dim, c.rope_theta, 0, 1.0, c.beta_fast, c.beta_slow);
+  m->tables_->rope_compress = ref::RopeTable(c.rope_head_dim, c.compress_rope_theta, c.original_seq_len,
+                                             c.rope_factor, c.beta_fast, c.beta_slow);
+  return m;
+}
+
+// ---------------------------------------------------------------------------
+
+class ForwardPass {
+ public:
+  ForwardPass(V41Model& m, const ForwardBatch& b, ForwardOutput* out)
+      : m_(m), c_(m.cfg_), w_(*m.w_), t_(*m.tables_), b_(b), out_(out) {}
+
+  void Run();
+
+ private:
+  // Per-row bookkeeping.
+  struct SeqInfo {
+    int64_t row0 = 0, T = 0, start = 0;
+  };
+
+  void Validate();
+  void Engram(int l);
+  void Block(int l);
+  void Attention(int l, const float* x, float* v);
+  void Compressor(int l, int s, const float* x);
+  void Indexer(int l, int s, const float* x, const float* qr);
+  void Moe(int l, const float* x, float* v);
+  void Head();
+  void Record(int l, bool block_done);
+
+  // State row accessors (memcpy: the pool's alignment is the caller's business).
+  const SequenceStateView& St(int s) const { return b_.seqs[s].state; }
+  uint8_t* Row(int s, StateKind k, int layer, int64_t row) const {
+    const int region = St(s).geometry->of(k).RegionOf(layer);
+    return St(s).Row(k, region, row);
+  }
+
+  V41Model& m_;
+  const ModelConfig& c_;
+  const ModelWeights& w_;
+  const Tables& t_;
+  const ForwardBatch& b_;
+  ForwardOutput* out_;
+
+  int64_t R_ = 0;
+  std::vector<SeqInfo> seq_;
+  std::vector<int32_t> row_seq_;
+  std::vector<int64_t> row_pos_, row_in_seq_;
+  std::vector<float> X_, pre_in_;
+  std::vector<int64_t> hash_ids_;  // [R][n_engram][cols]
+  // Compressed selection per layer (index sources; Reuse layers point at their source):
+  // per row, the selected compressed positions ascending.
+  std::vector<std::vector<std::vector<int32_t>>> sel_;
+  // Candidate mask of the candidate source, per row over [0, E).
+  std::vector<std::vector<uint8_t>> cand_;
+  bool have_cand_ = false;
+  std::vector<int32_t> sig_vec_;   // per row: vectorised-path count for [T, hc] sigmoids
+  std::vector<int32_t> soft_vec_;  // per row: vectorised-path count for [T, E] softplus
+  // Debug scratch.
+  std::vector<int32_t> dbg_router_idx_;
+  std::vector<float> dbg_router_w_;
+};
+
+void V41Model::Forward(const ForwardBatch& batch, ForwardOutput* out) {
+  ForwardPass p(*this, batch, out);
+  p.Run();
+}
+
+void ForwardPass::Validate() {
+  if (b_.seqs.empty()) Fail(ErrorKind::kInvalidArgument, "Forward: empty batch");
+  const bool paged = !c_.kv_source_layers.empty();
+  for (size_t s = 0; s < b_.seqs.size(); ++s) {
+    const ForwardSeq& q = b_.seqs[s];
+    if (q.len < 1 || q.tokens == nullptr)
+      Fail(ErrorKind::kInvalidArgument, "Forward: sequence {} has an empty chunk (len {})", s, q.len);
+    if (q.start_pos < 0)
+      Fail(ErrorKind::kInvalidArgument, "Forward: sequence {} has negative start_pos {}", s, q.start_pos);
+    if (q.state.pools == nullptr || q.state.geometry == nullptr || q.state.slot < 0)
+      Fail(ErrorKind::kInvalidArgument, "Forward: sequence {} has no state view (pools/geometry/slot)", s);
+    const StateGeometry& g = *q.state.geometry;
+    if (g.of(StateKind::kWindow).regions.size() != static_cast<size_t>(c_.n_layers))
+      Fail(ErrorKind::kInvalidArgument, "Forward: sequence {}: state geometry has {} window regions, expected {}",
+           s, g.of(StateKind::kWindow).regions.size(), c_.n_layers);
+    if (paged) {
+      const int64_t need = g.BlocksForTokens(q.start_pos + q.len);
+      if (q.state.block_table == nullptr || q.state.num_blocks < need)
+        Fail(ErrorKind::kInvalidArgument,
+             "Forward: sequence {}: block table has {} blocks, expected at least {} for {} tokens", s,
+             q.state.num_blocks, need, q.start_pos + q.len);
+    }
+    for (int64_t i = 0; i < q.len; ++i) {
+      const int32_t t = q.tokens[i];
+      if (t < 0 || t >= c_.vocab_size)
+        Fail(ErrorKind::kInvalidArgument, "Forward: sequence {} token {} at position {} outside [0, {})", s, t,
+             q.start_pos + i, c_.vocab_size);
+      if (m_.engram_ && t >= m_.engram_->map_size())
+        Fail(ErrorKind::kInvalidArgument,
+             "Forward: sequence {} token {} at position {} outside the Engram token map ({} entries)", s, t,
+             q.start_pos + i, m_.engram_->map_size());
+    }
+  }
+}
+
+void ForwardPass::Run() {
+  Validate();
+  const int hc = c_.hc_mult;
+  const int64_t d = c_.dim;
+  const int S = static_cast<int>(b_.seqs.size());
+  seq_.resize(S);
+  for (int s = 0; s < S; ++s) {
+    seq_[s] = {R_, b_.seqs[s].len, b_.seqs[s].start_pos};
+    R_ += b_.seqs[s].len;
+  }
+  row_seq_.resize(R_);
+  row_pos_.resize(R_);
+  row_in_seq_.resize(R_);
+  sig_vec_.resize(R_);
+  soft_vec_.resize(R_);
+  for (int s = 0; s < S; ++s)
+    for (int64_t i = 0; i < seq_[s].T; ++i) {
+      const int64_t r = seq_[s].row0 + i;
+      row_seq_[r] = s;
+      row_pos_[r] = seq_[s].start + i;
+      row_in_seq_[r] = i;
+      sig_vec_[r] = ref::VectorPathCount(i, seq_[s].T, hc);
+      soft_vec_[r] = ref::VectorPathCount(i, seq_[s].T, c_.n_routed_experts);
+    }
+  DebugRecord* dbg = (m_.debug_ && m_.debug_seq_ < S) ? m_.debug_ : nullptr;
+  if (dbg) {
+    const SeqInfo& q = seq_[m_.debug_seq_];
+    *dbg = DebugRecord();
+    dbg->len = q.T;
+    dbg->start_pos = q.start;
+    dbg->hc = hc;
+    dbg->dim = d;
+    dbg->topk = c_.n_activated_experts;
+    dbg->out_streams.resize(c_.n_layers);
+    dbg->out_pre_mix.resize(c_.n_layers);
+    dbg->ffn_in_streams.resize(c_.n_layers);
+    dbg->router_indices.resize(c_.n_layers);
+    dbg->router_weights.resize(c_.n_layers);
+  }
+
+  // Engram hash ids for every row and Engram layer (model-spec §3.3.2), from
+  // the sequence's own history: chunk tokens and the look-back state.
+  if (m_.engram_) {
+    const EngramHasher& eh = *m_.engram_;
+    const int N = eh.lookback() + 1;
+    const int per_row = eh.n_layers() * eh.cols();
+    hash_ids_.assign(static_cast<size_t>(R_ * per_row), 0);
+    for (int s = 0; s < S; ++s) {
+      const ForwardSeq& q = b_.seqs[s];
+      const int32_t* st = reinterpret_cast<const int32_t*>(Row(s, StateKind::kEngram, -1, 0));
+      std::vector<int32_t> back(eh.lookback());
+      std::memcpy(back.data(), st, back.size() * sizeof(int32_t));  // positions start-L .. start-1
+      for (int64_t i = 0; i < q.len; ++i) {
+        int32_t hist[16];
+        for (int sft = 0; sft < N; ++sft) {
+          const int64_t p = q.start_pos + i - sft;
+          if (p < 0) hist[sft] = -1;
+          else if (p >= q.start_pos) hist[sft] = q.tokens[p - q.start_pos];
+          else hist[sft] = back[eh.lookback() - (q.start_pos - p)];
+        }
+        eh.Hash(hist, hash_ids_.data() + (seq_[s].row0 + i) * per_row);
+      }
+    }
+    if (dbg) {
+      const SeqInfo& q = seq_[m_.debug_seq_];
+      dbg->engram_cols = eh.cols();
+      dbg->engram_hash_ids.assign(hash_ids_.begin() + q.row0 * per_row,
+                                  hash_ids_.begin() + (q.row0 + q.T) * per_row);
+    }
+  }
+
+  // Embedding, four identical streams, one-hot `pre` (model-spec §3.3.1).
+  X_.assign(static_cast<size_t>(R_ * hc * d), 0.0f);
+  for (int64_t r = 0; r < R_; ++r) {
+    const int s = row_seq_[r];
+    const int32_t tok = b_.seqs[s].tokens[row_in_seq_[r]];
+    const uint16_t* e = w_.embed.data + static_cast<int64_t>(tok) * d;
+    for (int j = 0; j < hc; ++j)
+      for (int64_t i = 0; i < d; ++i) X_[(r * hc + j) * d + i] = Bf16ToFloat(e[i]);
+  }
+  pre_in_.assign(static_cast<size_t>(R_ * hc), 0.0f);
+  for (int64_t r = 0; r < R_; ++r) pre_in_[r * hc] = 1.0f;
+
+  sel_.assign(c_.n_layers, {});
+  for (int l = 0; l < c_.n_layers; ++l) {
+    if (w_.layers[l].has_engram) Engram(l);
+    Block(l);
+  }
+  Head();
+
+  // Engram look-back state: raw ids of the last positions (after all layers).
+  if (m_.engram_) {
+    const int L = m_.engram_->lookback();
+    for (int s = 0; s < S; ++s) {
+      const ForwardSeq& q = b_.seqs[s];
+      int32_t* st = reinterpret_cast<int32_t*>(Row(s, StateKind::kEngram, -1, 0));
+      std::vector<int32_t> back(L);
+      std::memcpy(back.data(), st, L * sizeof(int32_t));
+      std::vector<int32_t> nb(L);
+      const int64_t end = q.start_pos + q.len;
+      for (int i = 0; i < L; ++i) {
+        const int64_t p = end - L + i;
+        if (p < 0) nb[i] = -1;
+        else if (p >= q.start_pos) nb[i] = q.tokens[p - q.start_pos];
+        else nb[i] = back[L - (q.start_pos - p)];
+      }
+      std::memcpy(st, nb.data(), L * sizeof(int32_t));
+    }
+  }
+}
+
+// ------------------------------------------------------------------ Engram
+
+void ForwardPass::Engram(int l) {
+  const EngramWeights& G = w_.layers[l].engram;
+  const EngramHasher& eh = *m_.engram_;
+  const int hc = c_.hc_mult;
+  const int64_t d = c_.dim, hd = c_.engram_head_dim;
+  const int slot = c_.layers[l].engram_slot;
+  const int cols = eh.cols();
+  const int per_row = eh.n_layers() * cols;
+  const int64_t ein = static_cast<int64_t>(cols) * hd;
+  // Table rows: E4M3 × UE8M0 per 32 → FP32 → BF16 (ParallelEngramEmbedding).
+  std::vector<float> e(static_cast<size_t>(R_ * ein));
+  for (int64_t r = 0; r < R_; ++r)
+    for (int k = 0; k < cols; ++k) {
+      const int64_t row = hash_ids_[r * per_row + slot * cols + k];
+      for (int64_t i = 0; i < hd; ++i)
+        e[r * ein + k * hd + i] =
+            RoundBf16(E4M3ToFloat(G.table[row * hd + i]) * E8M0ToFloat(G.table_scale[row * (hd / 32) + i / 32]));
+    }
+  std::vector<float> kv(static_cast<size_t>(R_ * (hc + 1) * d));
+  ref::LinearFp8(e.data(), R_, G.wkv, c_.act_block_size, kv.data());
+  const float eps = c_.norm_eps;
+  const float inv_sqrt_dim = static_cast<float>(std::pow(static_cast<double>(d), -0.5));
+#pragma omp parallel
+  {
+    std::vector<float> tmp(d);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < R_; ++r) {
+      const float* value = kv.data() + r * (hc + 1) * d + hc * d;
+      for (int j = 0; j < hc; ++j) {
+        float* h = X_.data() + (r * hc + j) * d;
+        const float* key = kv.data() + r * (hc + 1) * d + j * d;
+        const float* wqk = G.qk.data() + j * d;
+        for (int64_t i = 0; i < d; ++i) tmp[i] = h[i] * h[i];
+        const float ms_h = ref::TorchSum(tmp.data(), d) / static_cast<float>(d);
+        for (int64_t i = 0; i < d; ++i) tmp[i] = key[i] * key[i];
+        const float ms_k = ref::TorchSum(tmp.data(), d) / static_cast<float>(d);
+        const float rstd = (1.0f / std::sqrt(ms_h + eps)) * (1.0f / std::sqrt(ms_k + eps));
+        for (int64_t i = 0; i < d; ++i) tmp[i] = (h[i] * wqk[i]) * key[i];
+        const float dot = (ref::TorchSum(tmp.data(), d) * rstd) * inv_sqrt_dim;
+        const float mag = std::sqrt(std::max(std::fabs(dot), 1e-6f));
+        const float gate = ref::TorchSigmoid(std::copysign(mag, dot), j < sig_vec_[r]);
+        for (int64_t i = 0; i < d; ++i) h[i] = RoundBf16(h[i] + gate * value[i]);
+      }
+    }
+  }
+  if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size())) {
+    const SeqInfo& q = seq_[m_.debug_seq_];
+    m_.debug_->engram_out[l].assign(X_.begin() + q.row0 * hc * d, X_.begin() + (q.row0 + q.T) * hc * d);
+  }
+}
+
+// ------------------------------------------------------------------ block
+
+void ForwardPass::Block(int l) {
+  const LayerWeights& L = w_.layers[l];
+  const int hc = c_.hc_mult;
+  const int64_t d = c_.dim;
+  const int64_t n = R_;
+  std::vector<float> pre_a(n * hc), post_a(n * hc), comb_a(n * hc * hc);
+  std::vector<float> pre_f(n * hc), post_f(n * hc), comb_f(n * hc * hc);
+  std::vector<float> x(n * d), v(n * d), X2(X_.size());
+  // Single-pass mHC (model-spec §3.3.3): each site's `pre` is used by the next site.
+  ref::HcMixes(X_.data(), n, hc, d, L.hc_attn_fn.data(), L.hc_attn_base.data(), L.hc_attn_scale.data(),
+               c_.norm_eps, c_.hc_sinkhorn_iters, c_.hc_eps, sig_vec_.data(), pre_a.data(), post_a.data(),
+               comb_a.data());
+  ref::HcCollapse(X_.data(), pre_in_.data(), n, hc, d, x.data());
+  ref::RmsNorm(x.data(), n, d, L.attn_norm.data, c_.norm_eps, x.data());
+  Attention(l, x.data(), v.data());
+  ref::HcExpand(v.data(), X_.data(), post_a.data(), comb_a.data(), n, hc, d, X2.data());
+  if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size())) {
+    const SeqInfo& q = seq_[m_.debug_seq_];
+    m_.debug_->ffn_in_streams[l].assign(X2.begin() + q.row0 * hc * d, X2.begin() + (q.row0 + q.T) * hc * d);
+  }
+  ref::HcMixes(X2.data(), n, hc, d, L.hc_ffn_fn.data(), L.hc_ffn_base.data(), L.hc_ffn_scale.data(), c_.norm_eps,
+               c_.hc_sinkhorn_iters, c_.hc_eps, sig_vec_.data(), pre_f.data(), post_f.data(), comb_f.data());
+  ref::HcCollapse(X2.data(), pre_a.data(), n, hc, d, x.data());
+  ref::RmsNorm(x.data(), n, d, L.ffn_norm.data, c_.norm_eps, x.data());
+  Moe(l, x.data(), v.data());
+  ref::HcExpand(v.data(), X2.data(), post_f.data(), comb_f.data(), n, hc, d, X_.data());
+  pre_in_ = pre_f;
+  if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size())) {
+    const SeqInfo& q = seq_[m_.debug_seq_];
+    m_.debug_->out_streams[l].assign(X_.begin() + q.row0 * hc * d, X_.begin() + (q.row0 + q.T) * hc * d);
+    m_.debug_->out_pre_mix[l].assign(pre_in_.begin() + q.row0 * hc, pre_in_.begin() + (q.row0 + q.T) * hc);
+  }
+}
+
+// ------------------------------------------------------------------ attention
+
+void ForwardPass::Attention(int l, const float* x, float* v) {
+  const LayerSchedule& sch = c_.layers[l];
+  const AttentionWeights& A = w_.layers[l].attn;
+  const int64_t n = R_, H = c_.n_heads, D = c_.head_dim, rd = c_.rope_head_dim, qr_dim = c_.q_lora_rank;
+  const int64_t win = c_.window_size;
+  const int ratio = sch.compress_ratio;
+  const ref::RopeTable& rope = t_.For(ratio);
+  const int ab = c_.act_block_size;
+
+  // Query: c_q = q_norm(wq_a(x)); q = wq_b(c_q), RoPE on each head's last rd dims.
+  std::vector<float> qr(n * qr_dim), q(n * H * D);
+  ref::LinearFp8(x, n, A.wq_a, ab, qr.data());
+  ref::RmsNorm(qr.data(), n, qr_dim, A.q_norm.data, c_.norm_eps, qr.data());
+  ref::LinearFp8(qr.data(), n, A.wq_b, ab, q.data());
+  // Window K (= V): kv_norm(wkv(x)), RoPE, FP8 QDQ over all D dims in blocks of 32.
+  std::vector<float> kv(n * D);
+  ref::LinearFp8(x, n, A.wkv, ab, kv.data());
+  ref::RmsNorm(kv.data(), n, D, A.kv_norm.data, c_.norm_eps, kv.data());
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t h = 0; h < H; ++h) rope.Apply(q.data() + (r * H + h) * D + D - rd, row_pos_[r], false);
+    rope.Apply(kv.data() + r * D + D - rd, row_pos_[r], false);
+    Fp8QdqInPlace(kv.data() + r * D, D, 32);
+  }
+  std::vector<uint16_t> kvb(n * D);
+  for (int64_t i = 0; i < n * D; ++i) kvb[i] = FloatToBf16(kv[i]);
+
+  // Compressed branch: KV sources publish new entries; index sources select.
+  const int S = static_cast<int>(seq_.size());
+  if (ratio > 0) {
+    if (sch.kv_source)
+      for (int s = 0; s < S; ++s) Compressor(l, s, x);
+    if (sch.index_source) {
+      sel_[l].assign(n, {});
+      for (int s = 0; s < S; ++s) Indexer(l, s, x, qr.data());
+    } else {
+      sel_[l] = sel_[sch.index_from];
+    }
+  }
+
+  // Sparse attention with sink over window + selected compressed positions.
+  std::vector<float> o(n * H * D);
+  const float scale = static_cast<float>(std::pow(static_cast<double>(D), -0.5));
+#pragma omp parallel
+  {
+    std::vector<const uint16_t*> rows;
+    std::vector<int32_t> slots;
+    std::vector<uint16_t> ringbuf;
+#pragma omp for schedule(dynamic)
+    for (int64_t r = 0; r < n; ++r) {
+      const int s = row_seq_[r];
+      const SeqInfo& qi = seq_[s];
+      const int64_t p = row_pos_[r];
+      rows.clear();
+      slots.clear();
+      ringbuf.resize(static_cast<size_t>(win * D));
+      const bool prefill_layout = qi.start == 0;
+      const int64_t W = prefill_layout ? std::min<int64_t>(qi.T, win) : win;
+      const int64_t first = std::max<int64_t>(0, p - win + 1);
+      for (int64_t qpos = first; qpos <= p; ++qpos) {
+        const int64_t slot = prefill_layout ? qpos - first : win - 1 - (p - qpos);
+        if (qpos >= qi.start) {
+          rows.push_back(kvb.data() + (qi.row0 + qpos - qi.start) * D);
+        } else {
+          uint16_t* dst = ringbuf.data() + (qpos % win) * D;
+          std::memcpy(dst, Row(s, StateKind::kWindow, l, qpos % win), D * 2);
+          rows.push_back(dst);
+        }
+        slots.push_back(static_cast<int32_t>(slot));
+      }
+      int64_t list_len = W;
+      std::vector<uint16_t> cbuf;
+      if (ratio > 0) {
+        const int64_t E = (qi.start + qi.T) / ratio;
+        const int64_t K = std::min<int64_t>(c_.index_topk, E);
+        const std::vector<int32_t>& sel = sel_[l][r];
+        cbuf.resize(sel.size() * D);
+        for (size_t i = 0; i < sel.size(); ++i) {
+          std::memcpy(cbuf.data() + i * D, Row(s, StateKind::kCompressedKv, sch.kv_from, sel[i]), D * 2);
+          rows.push_back(cbuf.data() + i * D);
+          slots.push_back(static_cast<int32_t>(W + i));
+        }
+        list_len = W + K;
+      }
+      float* orow = o.data() + r * H * D;
+      ref::SparseAttention(q.data() + r * H * D, static_cast<int>(H), D, rows.data(), slots.data(),
+                           static_cast<int>(rows.size()), static_cast<int32_t>(list_len), A.attn_sink.data(),
+                           scale, orow);
+      for (int64_t h = 0; h < H; ++h) rope.Apply(orow + h * D + D - rd, p, true);
+    }
+  }
+  // Window ring: positions of this chunk into slot p mod window (last `win` only).
+  for (int s = 0; s < S; ++s) {
+    const SeqInfo& qi = seq_[s];
+    for (int64_t i = std::max<int64_t>(0, qi.T - win); i < qi.T; ++i)
+      std::memcpy(Row(s, StateKind::kWindow, l, (qi.start + i) % win), kvb.data() + (qi.row0 + i) * D, D * 2);
+  }
+  // Grouped BF16 wo_a, then FP8 wo_b.
+  std::vector<float> z(n * c_.o_groups * c_.o_lora_rank);
+  ref::GroupedLinearBf16(o.data(), n, c_.o_groups, A.wo_a.weight(), z.data());
+  ref::LinearFp8(z.data(), n, A.wo_b, ab, v);
+}
+
+void ForwardPass::Compressor(int l, int s, const float* x) {
+  const LayerSchedule& sch = c_.layers[l];
+  const AttentionWeights& A = w_.layers[l].attn;
+  const SeqInfo& qi = seq_[s];
+  const int r = sch.compress_ratio;
+  const int64_t D = c_.head_dim, d = c_.dim, rd = c_.rope_head_dim, ID = c_.index_head_dim;
+  const ref::RopeTable& rope = t_.For(r);
+  const float* xs = x + qi.row0 * d;
+  // Latents of the groups completed in this chunk, pre-RoPE, BF16.
+  std::vector<int64_t> js;
+  std::vector<float> lat;
+  if (r == 1) {
+    lat.resize(qi.T * D);
+    ref::LinearBf16(xs, qi.T, A.compressor_wkv.weight(), lat.data());
+    ref::RmsNorm(lat.data(), qi.T, D, A.compressor_norm.data, c_.norm_eps, lat.data());
+    for (int64_t i = 0; i < qi.T; ++i) js.push_back(qi.start + i);
+  } else {
+    // FP32 projections a = x·wkvᵀ, g = x·wgateᵀ; softmax over the r tokens of
+    // a group per channel, weighted sum, BF16, RMSNorm (Compressor.forward).
+    std::vector<float> a(qi.T * D), g(qi.T * D);
+    ref::LinearF32Bf16W(xs, qi.T, A.compressor_wkv.weight(), a.data());
+    ref::LinearF32Bf16W(xs, qi.T, A.compressor_wgate.weight(), g.data());
+    std::vector<const float*> ga(r), gg(r);
+    std::vector<float> carry(static_cast<size_t>((r - 1) * 2 * D));
+    for (int i = 0; i < r - 1; ++i)
+      std::memcpy(carry.data() + i * 2 * D, Row(s, StateKind::kCompressorCarry, l, i), 2 * D * sizeof(float));
+    for (int64_t i = 0; i < qi.T; ++i) {
+      const int64_t p = qi.start + i;
+      if ((p + 1) % r != 0) continue;
+      const int64_t j = p / r;
+      for (int t = 0; t < r; ++t) {
+        const int64_t pt = j * r + t;
+        if (pt >= qi.start) {
+          ga[t] = a.data() + (pt - qi.start) * D;
+          gg[t] = g.data() + (pt - qi.start) * D;
+        } else {
+          ga[t] = carry.data() + (pt % r) * 2 * D;
+          gg[t] = carry.data() + (pt % r) * 2 * D + D;
+        }
+      }
+      std::vector<float> row(D);
+      float e[8];
+      for (int64_t ch = 0; ch < D; ++ch) {
+        float mx = gg[0][ch];
+        for (int t = 1; t < r; ++t) mx = std::max(mx, gg[t][ch]);
+        float sum = 0.0f;
+        for (int t = 0; t < r; ++t) {
+          e[t] = ref::SleefExpf(gg[t][ch] - mx);
+          sum += e[t];
+        }
+        float acc = 0.0f;
+        for (int t = 0; t < r; ++t) acc += ga[t][ch] * (e[t] / sum);
+        row[ch] = RoundBf16(acc);
+      }
+      ref::RmsNorm(row.data(), 1, D, A.compressor_norm.data, c_.norm_eps, row.data());
+      lat.insert(lat.end(), row.begin(), row.end());
+      js.push_back(j);
+    }
+    // Carry the incomplete group's rows (FP32 a, g) to the next call.
+    const int64_t end = qi.start + qi.T;
+    for (int64_t p = (end / r) * r; p < end; ++p) {
+      if (p < qi.start) continue;  // already in the carry
+      float* dst = reinterpret_cast<float*>(Row(s, StateKind::kCompressorCarry, l, p % r));
+      std::memcpy(dst, a.data() + (p - qi.start) * D, D * sizeof(float));
+      std::memcpy(dst + D, g.data() + (p - qi.start) * D, D * sizeof(float));
+    }
+  }
+  if (js.empty()) return;
+  const int64_t nj = static_cast<int64_t>(js.size());
+  // Index keys from the pre-RoPE latent: k_norm(wk(ℓ)), RoPE at r·j, FP4 QDQ (UE8M0, 32).
+  std::vector<float> k(nj * ID);
+  ref::LinearBf16(lat.data(), nj, A.indexer_wk.weight(), k.data());
+  ref::RmsNorm(k.data(), nj, ID, A.indexer_k_norm.data, c_.norm_eps, k.data());
+  for (int64_t i = 0; i < nj; ++i) {
+    const int64_t pos = js[i] * r;
+    float* kr = k.data() + i * ID;
+    rope.Apply(kr + ID - rd, pos, false);
+    Fp4QdqUe8m0InPlace(kr, ID, 32);
+    uint16_t* dst = reinterpret_cast<uint16_t*>(Row(s, StateKind::kIndexKey, l, js[i]));
+    for (int64_t c = 0; c < ID; ++c) {
+      const uint16_t b = FloatToBf16(kr[c]);
+      std::memcpy(dst + c, &b, 2);
+    }
+    // Compressed entry: RoPE at r·j, FP4 QDQ with E4M3 scales in blocks of 16.
+    float* lr = lat.data() + i * D;
+    rope.Apply(lr + D - rd, pos, false);
+    Fp4QdqE4m3InPlace(lr, D, 16);
+    uint16_t* cdst = reinterpret_cast<uint16_t*>(Row(s, StateKind::kCompressedKv, l, js[i]));
+    for (int64_t c = 0; c < D; ++c) {
+      const uint16_t b = FloatToBf16(lr[c]);
+      std::memcpy(cdst + c, &b, 2);
+    }
+  }
+}
+
+void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
+  const LayerSchedule& sch = c_.layers[l];
+  const AttentionWeights& A = w_.layers[l].attn;
+  const SeqInfo& qi = seq_[s];
+  const int r = sch.compress_ratio;
+  const int64_t E = (qi.start + qi.T) / r;
+  if (E == 0) return;  // nothing compressed yet: empty selections
+  const int64_t nh = c_.index_n_heads, ID = c_.index_head_dim, rd = c_.rope_head_dim, d = c_.dim;
+  const ref::RopeTable& rope = t_.For(r);
+  const int64_t T = qi.T;
+  // Query heads: FP8 wq_b(c_q), RoPE on each head's last rd dims, FP4 QDQ (UE8M0, 32).
+  std::vector<float> qI(T * nh * ID);
+  ref::LinearFp8(qr + qi.row0 * c_.q_lora_rank, T, A.indexer_wq_b, c_.act_block_size, qI.data());
+  for (int64_t i = 0; i < T; ++i) {
+    for (int64_t h = 0; h < nh; ++h) rope.Apply(qI.data() + (i * nh + h) * ID + ID - rd, qi.start + i, false);
+    Fp4QdqUe8m0InPlace(qI.data() + i * nh * ID, nh * ID, 32);
+  }
+  // Head weights: BF16 weights_proj(x) × (index_head_dim^-½ · n_heads^-½), BF16.
+  std::vector<float> wts(T * nh);
+  ref::LinearBf16(x + qi.row0 * d, T, A.indexer_weights_proj.weight(), wts.data());
+  const float wscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5) *
+                                          std::pow(static_cast<double>(nh), -0.5));
+  for (auto& v : wts) v = RoundBf16(v * wscale);
+  // Index keys of the KV source (the fixed publication: always this layer's source).
+  std::vector<float> keys(E * ID);
+  for (int64_t j = 0; j < E; ++j) {
+    const uint16_t* kr = reinterpret_cast<const uint16_t*>(Row(s, StateKind::kIndexKey, sch.kv_from, j));
+    for (int64_t c = 0; c < ID; ++c) {
+      uint16_t b;
+      std::memcpy(&b, kr + c, 2);
+      keys[j * ID + c] = Bf16ToFloat(b);
+    }
+  }
+  const bool is_cand_source = sch.candidate_source;
+  const bool uses_cand = sch.candidate_from >= 0;
+  if (is_cand_source) {
+    if (cand_.size() != static_cast<size_t>(R_)) cand_.assign(R_, {});
+    have_cand_ = true;
+  }
+  const int64_t K = std::min<int64_t>(c_.index_topk, E);
+  const int64_t bs = c_.candidate_block_size;
+  const float ninf = -std::numeric_limits<float>::infinity();
+#pragma omp parallel
+  {
+    std::vector<float> score(E), hsum(nh);
+    std::vector<int64_t> idx(std::max<int64_t>(K, c_.candidate_topk_blocks));
+#pragma omp for schedule(dynamic)
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t p = qi.start + i;
+      const int64_t row = qi.row0 + i;
+      const int64_t V = (p + 1) / r;  // visible compressed positions
+      const float* qrow = qI.data() + i * nh * ID;
+      for (int64_t j = 0; j < E; ++j) {
+        // score(p, j) = Σ_h w_h·ReLU(q_h·k_j), each product and the head sum BF16.
+        float acc = 0.0f;
+        for (int64_t h = 0; h < nh; ++h) {
+          const float* qh = qrow + h * ID;
+          const float* kj = keys.data() + j * ID;
+          float dot = 0.0f;
+          for (int64_t c = 0; c < ID; ++c) dot += qh[c] * kj[c];
+          const float rl = std::max(RoundBf16(dot), 0.0f);
+          acc += RoundBf16(rl * wts[i * nh + h]);
+        }
+        score[j] = j < V ? RoundBf16(acc) : ninf;
+      }
+      if (is_cand_source) {
+        // Candidate blocks: block score = max over its positions; the newest
+        // visible block forced to +inf; keep the top blocks that are not −inf.
+        const int64_t nb = (E + bs - 1) / bs;
+        std::vector<float> bsc(nb, ninf);
+        for (int64_t j = 0; j < E; ++j) bsc[j / bs] = std::max(bsc[j / bs], score[j]);
+        const int64_t last = V >= 1 ? (V - 1) / bs : -1;
+        if (last >= 0) bsc[last] = std::numeric_limits<float>::infinity();
+        const int64_t kb = std::min<int64_t>(c_.candidate_topk_blocks, nb);
+        ref::TorchTopK(bsc.data(), nb, kb, /*sorted=*/true, idx.data());
+        std::vector<uint8_t>& mask = cand_[row];
+        mask.assign(E, 0);
+        for (int64_t t = 0; t < kb; ++t) {
+          const int64_t bk = idx[t];
+          if (!(bsc[bk] > ninf)) continue;
+          for (int64_t j = bk * bs; j < std::min(E, (bk + 1) * bs); ++j) mask[j] = 1;
+        }
+      } else if (uses_cand) {
+        const std::vector<uint8_t>& mask = cand_[row];
+        for (int64_t j = 0; j < E; ++j)
+          if (!mask[j]) score[j] = ninf;
+      }
+      ref::TorchTopK(score.data(), E, K, /*sorted=*/false, idx.data());
+      std::vector<int32_t> chosen;
+      for (int64_t t = 0; t < K; ++t)
+        if (idx[t] < V) chosen.push_back(static_cast<int32_t>(idx[t]));
+      std::sort(chosen.begin(), chosen.end());
+      sel_[l][row] = std::move(chosen);
+    }
+  }
+  if (m_.debug_ && m_.debug_seq_ == s) {
+    const int64_t offset = qi.start == 0 ? qi.T : c_.window_size;
+    std::vector<int32_t> lists(T * K, -1);
+    for (int64_t i = 0; i < T; ++i) {
+      const auto& ch = sel_[l][qi.row0 + i];
+      for (size_t t = 0; t < ch.size(); ++t) lists[i * K + t] = static_cast<int32_t>(ch[t] + offset);
+    }
+    m_.debug_->indexer_topk[l] = std::move(lists);
+    m_.debug_->indexer_k[l] = static_cast<int>(K);
+  }
+}
+
+// ------------------------------------------------------------------ MoE
+
+void ForwardPass::Moe(int l, const float* x, float* v) {
+  const MoeWeights& F = w_.layers[l].ffn;
+  const int64_t n = R_, d = c_.dim, I = c_.moe_inter_dim;
+  const int k = c_.n_activated_experts;
+  const int E = c_.n_routed_experts;
+  const int ab = c_.act_block_size;
+  const float lim = c_.swiglu_limit;
+  std::vector<int32_t> idx(n * k);
+  std::vector<float> wts(n * k);
+  std::vector<const float*> bias(n, F.bias.data());  // text tokens: `bias` (bias_vl is for image spans)
+  ref::Router(x, n, F.gate.weight(), bias.data(), k, c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
+              soft_vec_.data(), idx.data(), wts.data());
+  // Routed experts in increasing expert id, FP32 combine (MoE.forward).
+  std::vector<float> y(n * d, 0.0f);
+  auto swiglu = [&](const float* xin, int64_t m, const ref::Fp4Weight* w1, const ref::Fp4Weight* w3,
+                    const ref::Fp4Weight* w2, const ref::Fp8Weight* s1, const ref::Fp8Weight* s3,
+                    const ref::Fp8Weight* s2, const float* rw, float* out) {
+    std::vector<float> gt(m * I), up(m * I);
+    if (w1) {
+      ref::LinearFp4(xin, m, *w1, ab, gt.data());
+      ref::LinearFp4(xin, m, *w3, ab, up.data());
+    } else {
+      ref::LinearFp8(xin, m, *s1, ab, gt.data());
+      ref::LinearFp8(xin, m, *s3, ab, up.data());
+    }
+    for (int64_t i = 0; i < m * I; ++i) {
+      float u = up[i], g = gt[i];
+      if (lim > 0) {
+        u = std::min(std::max(u, -lim), lim);
+        g = std::min(g, lim);
+      }
+      float a = ref::TorchSilu(g) * u;
+      if (rw) a = rw[i / I] * a;
+      gt[i] = RoundBf16(a);
+    }
+    if (w2) ref::LinearFp4(gt.data(), m, *w2, ab, out);
+    else ref::LinearFp8(gt.data(), m, *s2, ab, out);
+  };
+  for (int e = 0; e < E; ++e) {
+    std::vector<int64_t> rows;
+    std::vector<float> rw;
+    for (int64_t r = 0; r < n; ++r)
+      for (int t = 0; t < k; ++t)
+        if (idx[r * k + t] == e) { rows.push_back(r); rw.push_back(wts[r * k + t]); }
+    if (rows.empty()) continue;
+    const int64_t m = static_cast<int64_t>(rows.size());
+    std::vector<float> xin(m * d), out(m * d);
+    for (int64_t i = 0; i < m; ++i) std::memcpy(xin.data() + i * d, x + rows[i] * d, d * sizeof(float));
+    const ExpertWeights& ew = F.experts[e];
+    swiglu(xin.data(), m, &ew.w1, &ew.w3, &ew.w2, nullptr, nullptr, nullptr, rw.data(), out.data());
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t c = 0; c < d; ++c) y[rows[i] * d + c] += out[i * d + c];
+  }
+  std::vector<float> sh(n * d);
+  swiglu(x, n, nullptr, nullptr, nullptr, &F.shared_w1, &F.shared_w3, &F.shared_w2, nullptr, sh.data());
+  for (int64_t i = 0; i < n * d; ++i) v[i] = RoundBf16(y[i] + sh[i]);
+  if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size())) {
+    const SeqInfo& q = seq_[m_.debug_seq_];
+    m_.debug_->router_indices[l].assign(idx.begin() + q.row0 * k, idx.begin() + (q.row0 + q.T) * k);
+    m_.debug_->router_weights[l].assign(wts.begin() + q.row0 * k, wts.begin() + (q.row0 + q.T) * k);
+  }
+}
+
+// ------------------------------------------------------------------ head
+
+void ForwardPass::Head() {
+  const int hc = c_.hc_mult;
+  const int64_t d = c_.dim, V = c_.vocab_size;
+  std::vector<int64_t> rows;
+  out_->row_seq.clear();
+  out_->row_pos.clear();
+  for (size_t s = 0; s < seq_.size(); ++s) {
+    const auto mode = b_.seqs[s].logits;
+    if (mode == ForwardSeq::Logits::kNone) continue;
+    const int64_t i0 = mode == ForwardSeq::Logits::kAll ? 0 : seq_[s].T - 1;
+    for (int64_t i = i0; i < seq_[s].T; ++i) {
+      rows.push_back(seq_[s].row0 + i);
+      out_->row_seq.push_back(static_cast<int32_t>(s));
+      out_->row_pos.push_back(seq_[s].start + i);
+    }
+  }
+  out_->vocab = V;
+  const int64_t m = static_cast<int64_t>(rows.size());
+  out_->logits.assign(static_cast<size_t>(m * V), 0.0f);
+  if (m == 0) return;
+  // Final collapse with the last `pre`, norm, FP32 head (model-spec §3.3.1).
+  std::vector<float> Xs(m * hc * d), pre(m * hc), y(m * d);
+  for (int64_t i = 0; i < m; ++i) {
+    std::memcpy(Xs.data() + i * hc * d, X_.data() + rows[i] * hc * d, hc * d * sizeof(float));
+    std::memcpy(pre.data() + i * hc, pre_in_.data() + rows[i] * hc, hc * sizeof(float));
+  }
+  ref::HcCollapse(Xs.data(), pre.data(), m, hc, d, y.data());
+  ref::RmsNorm(y.data(), m, d, w_.norm.data, c_.norm_eps, y.data());
+  ref::LinearF32Bf16W(y.data(), m, w_.head.weight(), out_->logits.data());
+}
+
+// ------------------------------------------------------------------ debug dump
+
+void WriteDebugDump(const DebugRecord& rec, const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) Fail(ErrorKind::kInvalidArgument, "debug dump: cannot create {}: {}", dir.string(), ec.message());
+  auto write = [&](const std::string& name, const std::vector<float>& v) {
+    std::ofstream f(dir / name, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+    if (!f) Fail(ErrorKind::kInvalidArgument, "debug dump: cannot write {}", (dir / name).string());
+  };
+  for (size_t l = 0; l < rec.out_streams.size(); ++l) {
+    write("layer" + std::to_string(l) + "_out_streams.f32", rec.out_streams[l]);
+    write("layer" + std::to_string(l) + "_out_pre_mix.f32", rec.out_pre_mix[l]);
+  }
+  for (const auto& [l, v] : rec.engram_out) write("layer" + std::to_string(l) + "_engram_out.f32", v);
+  nlohmann::json j;
+  j["length"] = rec.len;
+  j["start_pos"] = rec.start_pos;
+  nlohmann::json layers = nlohmann::json::object();
+  for (size_t l = 0; l < rec.router_indices.size(); ++l) {
+    nlohmann::json L;
+    std::vector<std::vector<int32_t>> ri;
+    std::vector<std::vector<float>> rw;
+    for (int64_t t = 0; t < rec.len; ++t) {
+      ri.emplace_back(rec.router_indices[l].begin() + t * rec.topk, rec.router_indices[l].begin() + (t + 1) * rec.topk);
+      rw.emplace_back(rec.router_weights[l].begin() + t * rec.topk, rec.router_weights[l].begin() + (t + 1) * rec.topk);
+    }
+    L["router_indices"] = ri;
+    L["router_weights"] = rw;
+    auto it = rec.indexer_topk.find(static_cast<int>(l));
+    if (it != rec.indexer_topk.end()) {
+      const int k = rec.indexer_k.at(static_cast<int>(l));
+      std::vector<std::vector<int32_t>> lists;
+      for (int64_t t = 0; t < rec.len; ++t)
+        lists.emplace_back(it->second.begin() + t * k, it->second.begin() + (t + 1) * k);
+      L["indexer_topk"] = lists;
+    }
+    layers[std::to_string(l)] = L;
+  }
+  j["layers"] = layers;
+  if (rec.engram_cols > 0) {
+    const int64_t per_row = static_cast<int64_t>(rec.engram_hash_ids.size()) / std::max<int64_t>(rec.len, 1);
+    const int64_t nl = per_row / rec.engram_cols;
+    std::vector<std::vector<std::vector<int64_t>>> ids(rec.len);
+    for (int64_t t = 0; t < rec.len; ++t)
+      for (int64_t k = 0; k < nl; ++k)
+        ids[t].emplace_back(rec.engram_hash_ids.begin() + t * per_row + k * rec.engram_cols,
+                            rec.engram_hash_ids.begin() + t * per_row + (k + 1) * rec.engram_cols);
+    j["engram_hash_ids"] = ids;
+  }
+  std::ofstream f(dir / "debug.json");
+  f << j.dump(1) << "\n";
+  if (!f) Fail(ErrorKind::kInvalidArgument, "debug dump: cannot write {}", (dir / "debug.json").string());
+}
+
+}  // namespace deepinfer::v41

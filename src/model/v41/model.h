@@ -1,0 +1,139 @@
+// deepinfer/model/v41/model.h — the DeepSeek-V4.1 (`deepseek_v41`) text
+// forward pass on CPU: model-spec §3.1, §3.3 (without DSpark §3.3.6 and vision
+// §3.3.7), §4 and the pitfalls of §9. Golden-exact against DeepSeek's official
+// reference (tests/unit/v41_golden_test.cc).
+//
+// One Forward call runs a batch of sequences, each with a chunk of new tokens
+// at its own start position: whole-prompt prefill (start_pos 0), chunked
+// prefill (any chunk size ≥ 1, state carried across chunks) and one-token
+// decode, mixed freely. All per-sequence state (window rings, compressed KV
+// and index keys of the KV-source layers, the ratio-2 compressor carry, the
+// Engram look-back) lives in caller-owned memory addressed by
+// SequenceStateView (model/state.h); the model keeps no sequence state.
+//
+// Determinism: every row's arithmetic has a fixed order, so a sequence's
+// results do not depend on the other sequences in the call, on the batch size
+// or on the thread count. They do depend on how the sequence is chunked, the
+// way the reference's do: the indexer's top-k tie-breaking sees the call's
+// compressed length (positions up to the chunk end), and the attention list
+// layout (window slots first, 64-wide chunks) follows the reference's
+// prefill (start_pos 0) or decode layout (see model.cc).
+//
+// Numerics (model-spec §4): FP8/FP4 block-scaled linears with the activation
+// quantiser of §3.1(b); BF16 rounding points as the reference; FP32 mHC,
+// router, head and combine; attention probabilities rounded to BF16 per
+// 64-wide chunk of the candidate list; SLEEF exp where torch uses it.
+// The index-key publication of a ratio-2 KV source follows the FIXED
+// behaviour (golden README finding 1): a Reuse/Reindex layer always scores
+// against its own KV source's index keys.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "format/safetensors.h"
+#include "model/config.h"
+#include "model/state.h"
+
+namespace deepinfer::v41 {
+
+struct ModelWeights;
+class EngramHasher;
+struct Tables;
+
+struct V41Options {
+  // Engram compressed token map (model-spec §3.3.2), one int32 per token id.
+  // Required when the config has Engram layers: either the map itself or an
+  // int32 little-endian file (the map wins when both are given).
+  std::vector<int32_t> engram_token_map;
+  std::filesystem::path engram_token_map_file;
+};
+
+// One sequence's chunk in a Forward call.
+struct ForwardSeq {
+  const int32_t* tokens = nullptr;  // [len] token ids at positions start_pos .. start_pos+len-1
+  int64_t len = 0;                  // ≥ 1
+  int64_t start_pos = 0;            // absolute position of tokens[0]; state holds 0 .. start_pos-1
+  SequenceStateView state;          // this sequence's state rows (caller-owned)
+  enum class Logits { kNone, kLast, kAll } logits = Logits::kLast;
+};
+
+struct ForwardBatch {
+  std::vector<ForwardSeq> seqs;
+};
+
+// Per-layer intermediates of ONE sequence (debug switch), in the layout of the
+// golden debug dumps (shared golden README: debug/*.f32 and the JSON `debug`).
+struct DebugRecord {
+  int64_t len = 0, start_pos = 0;
+  int hc = 0;
+  int64_t dim = 0;
+  std::vector<std::vector<float>> out_streams;   // [n_layers][len·hc·dim] block outputs
+  std::vector<std::vector<float>> out_pre_mix;   // [n_layers][len·hc] the FFN `pre` each block returns
+  std::vector<std::vector<float>> ffn_in_streams;  // [n_layers][len·hc·dim] streams entering the FFN site
+  std::map<int, std::vector<float>> engram_out;  // layer → [len·hc·dim] streams after Engram
+  std::vector<std::vector<int32_t>> router_indices;  // [n_layers][len·topk]
+  std::vector<std::vector<float>> router_weights;    // [n_layers][len·topk]
+  int topk = 0;
+  // Index-source layer → [len·k] top-k lists in the reference's convention:
+  // k = min(index_topk, compressed length), ascending compressed positions
+  // plus `offset` (the window part's length: len for a start_pos-0 call, else
+  // window_size), −1 = absent.
+  std::map<int, std::vector<int32_t>> indexer_topk;
+  std::map<int, int> indexer_k;
+  std::vector<int64_t> engram_hash_ids;  // [len][n_engram_layers][cols]
+  int engram_cols = 0;
+};
+
+// Writes `rec` under dir/ as the golden layout: layerN_out_streams.f32,
+// layerN_out_pre_mix.f32, layerN_engram_out.f32 (float32 LE) and debug.json
+// (router indices/weights, indexer top-k, Engram hash ids). Throws on I/O error.
+void WriteDebugDump(const DebugRecord& rec, const std::filesystem::path& dir);
+
+struct ForwardOutput {
+  int64_t vocab = 0;
+  std::vector<float> logits;     // [rows, vocab] FP32, rows in sequence order
+  std::vector<int32_t> row_seq;  // per logits row: index into ForwardBatch::seqs
+  std::vector<int64_t> row_pos;  // per logits row: absolute position it predicts from
+};
+
+class V41Model {
+ public:
+  // Opens MODEL_DIR (config.json + safetensors), binds the weights and the
+  // Engram data. Throws deepinfer::Error (config/tensor errors name the file
+  // and tensor; missing token map → kInvalidArgument).
+  static std::unique_ptr<V41Model> Load(const std::filesystem::path& model_dir, const V41Options& options);
+  ~V41Model();
+
+  const ModelConfig& config() const { return cfg_; }
+  // State geometry for a paged block of `block_size` tokens (model/state.h).
+  StateGeometry geometry(int64_t block_size) const { return StateGeometry::FromConfig(cfg_, block_size); }
+
+  // Runs the batch. Validates first (Error kInvalidArgument naming the
+  // sequence: empty chunk, negative start_pos, token id outside the
+  // vocabulary or the Engram map, missing state view, block table too short
+  // for start_pos+len tokens) and then computes without throwing. State rows
+  // of positions start_pos .. start_pos+len−1 are written.
+  void Forward(const ForwardBatch& batch, ForwardOutput* out);
+
+  // Debug switch: when set, the next Forward calls record sequence `seq` of
+  // the batch into *rec (nullptr turns it off). Costs a copy per layer.
+  void SetDebug(DebugRecord* rec, int seq = 0) { debug_ = rec; debug_seq_ = seq; }
+
+ private:
+  V41Model() = default;
+  ModelConfig cfg_;
+  std::unique_ptr<TensorStore> store_;
+  std::unique_ptr<ModelWeights> w_;
+  std::unique_ptr<EngramHasher> engram_;
+  std::unique_ptr<Tables> tables_;
+  DebugRecord* debug_ = nullptr;
+  int debug_seq_ = 0;
+  friend class ForwardPass;
+};
+
+}  // namespace deepinfer::v41

@@ -1,0 +1,186 @@
+#include "model/v41/weights.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "base/error.h"
+#include "format/numerics.h"
+
+namespace deepinfer::v41 {
+namespace {
+
+std::string ShapeStr(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+class Binder {
+ public:
+  Binder(const TensorStore& s, const ModelConfig& c) : store_(s), cfg_(c) {}
+
+  const TensorView& Expect(const std::string& name, DType dt, const std::vector<int64_t>& shape) const {
+    const TensorView& t = store_.Get(name);
+    if (t.dtype != dt)
+      Fail(ErrorKind::kCorruptData, "tensor {} in {}: expected dtype {}, found {}", name,
+           store_.dir().string(), DTypeName(dt), DTypeName(t.dtype));
+    if (t.shape != shape)
+      Fail(ErrorKind::kCorruptData, "tensor {} in {}: expected shape {}, found {}", name,
+           store_.dir().string(), ShapeStr(shape), ShapeStr(t.shape));
+    return t;
+  }
+
+  ref::Fp8Weight Fp8(const std::string& prefix, int64_t out, int64_t in) const {
+    const int64_t B = cfg_.weight_block_size;
+    const TensorView& w = Expect(prefix + ".weight", DType::kF8E4M3, {out, in});
+    const TensorView& s = Expect(prefix + ".scale", DType::kF8E8M0, {(out + B - 1) / B, (in + B - 1) / B});
+    if (in % cfg_.act_block_size != 0)
+      Fail(ErrorKind::kCorruptData, "tensor {}.weight: in_features {} is not a multiple of the activation block {}",
+           prefix, in, cfg_.act_block_size);
+    return {w.data, s.data, out, in, static_cast<int>(B)};
+  }
+
+  ref::Fp4Weight Fp4(const std::string& prefix, int64_t out, int64_t in) const {
+    const TensorView& w = Expect(prefix + ".weight", DType::kI8, {out, in / 2});
+    const TensorView& s = Expect(prefix + ".scale", DType::kF8E8M0, {out, in / 32});
+    return {w.data, s.data, out, in};
+  }
+
+  Bf16Tensor Bf16(const std::string& name, int64_t rows, int64_t cols /* -1: vector */) const {
+    std::vector<int64_t> shape = cols < 0 ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, cols};
+    const TensorView& t = Expect(name, DType::kBF16, shape);
+    Bf16Tensor r;
+    r.rows = cols < 0 ? 1 : rows;
+    r.cols = cols < 0 ? rows : cols;
+    if (reinterpret_cast<uintptr_t>(t.data) % alignof(uint16_t) == 0) {
+      r.data = reinterpret_cast<const uint16_t*>(t.data);
+    } else {
+      r.own.resize(t.nbytes / 2);
+      std::memcpy(r.own.data(), t.data, t.nbytes);
+      r.data = r.own.data();
+    }
+    return r;
+  }
+
+  F32Tensor F32(const std::string& name, const std::vector<int64_t>& shape) const {
+    const TensorView& t = Expect(name, DType::kF32, shape);
+    F32Tensor r;
+    r.v.resize(t.nbytes / 4);
+    std::memcpy(r.v.data(), t.data, t.nbytes);
+    return r;
+  }
+
+  // wo_a: E4M3 × block scale → BF16 (convert.py semantics).
+  Bf16Tensor DequantBf16(const std::string& prefix, int64_t out, int64_t in) const {
+    ref::Fp8Weight q = Fp8(prefix, out, in);
+    Bf16Tensor r;
+    r.rows = out;
+    r.cols = in;
+    r.own.resize(static_cast<size_t>(out * in));
+    const int64_t B = q.block, sc = (in + B - 1) / B;
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i)
+        r.own[o * in + i] =
+            FloatToBf16(E4M3ToFloat(q.w[o * in + i]) * E8M0ToFloat(q.scale[(o / B) * sc + i / B]));
+    r.data = r.own.data();
+    return r;
+  }
+
+ private:
+  const TensorStore& store_;
+  const ModelConfig& cfg_;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelWeights> ModelWeights::Bind(const TensorStore& store, const ModelConfig& c) {
+  if (c.arch != Arch::kDeepseekV41)
+    Fail(ErrorKind::kInvalidArgument, "{}: model_type {} is not deepseek_v41", store.dir().string(), c.model_type);
+  if (c.expert_dtype != "fp4")
+    Fail(ErrorKind::kInvalidArgument, "{}: expert_dtype {} not supported, expected fp4", store.dir().string(),
+         c.expert_dtype);
+  if (c.weight_block_size != 32 || c.act_block_size != 32)
+    Fail(ErrorKind::kInvalidArgument, "{}: weight_block_size {} not supported, expected 32 (V4.1)",
+         store.dir().string(), c.weight_block_size);
+  Binder b(store, c);
+  auto w = std::make_unique<ModelWeights>();
+  const int64_t d = c.dim, H = c.n_heads, D = c.head_dim, hc = c.hc_mult;
+  const int64_t mix = c.hc_mix_dim();
+  w->embed = b.Bf16("embed.weight", c.vocab_size, d);
+  w->head = b.Bf16("head.weight", c.vocab_size, d);
+  w->norm = b.Bf16("norm.weight", d, -1);
+  w->layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerSchedule& s = c.layers[l];
+    LayerWeights& L = w->layers[l];
+    const std::string p = fmt::format("layers.{}.", l);
+    L.attn_norm = b.Bf16(p + "attn_norm.weight", d, -1);
+    L.ffn_norm = b.Bf16(p + "ffn_norm.weight", d, -1);
+    L.hc_attn_fn = b.F32(p + "hc_attn_fn", {mix, hc * d});
+    L.hc_attn_base = b.F32(p + "hc_attn_base", {mix});
+    L.hc_attn_scale = b.F32(p + "hc_attn_scale", {3});
+    L.hc_ffn_fn = b.F32(p + "hc_ffn_fn", {mix, hc * d});
+    L.hc_ffn_base = b.F32(p + "hc_ffn_base", {mix});
+    L.hc_ffn_scale = b.F32(p + "hc_ffn_scale", {3});
+
+    AttentionWeights& A = L.attn;
+    A.wq_a = b.Fp8(p + "attn.wq_a", c.q_lora_rank, d);
+    A.q_norm = b.Bf16(p + "attn.q_norm.weight", c.q_lora_rank, -1);
+    A.wq_b = b.Fp8(p + "attn.wq_b", H * D, c.q_lora_rank);
+    A.wkv = b.Fp8(p + "attn.wkv", D, d);
+    A.kv_norm = b.Bf16(p + "attn.kv_norm.weight", D, -1);
+    A.wo_a = b.DequantBf16(p + "attn.wo_a", c.o_groups * c.o_lora_rank, H * D / c.o_groups);
+    A.wo_b = b.Fp8(p + "attn.wo_b", d, c.o_groups * c.o_lora_rank);
+    A.attn_sink = b.F32(p + "attn.attn_sink", {H});
+    if (s.kv_source) {
+      A.has_compressor = true;
+      A.compressor_wkv = b.Bf16(p + "attn.compressor.wkv.weight", D, d);
+      if (s.compress_ratio > 1) A.compressor_wgate = b.Bf16(p + "attn.compressor.wgate.weight", D, d);
+      A.compressor_norm = b.Bf16(p + "attn.compressor.norm.weight", D, -1);
+      A.indexer_wk = b.Bf16(p + "attn.indexer.wk.weight", c.index_head_dim, D);
+      A.indexer_k_norm = b.Bf16(p + "attn.indexer.k_norm.weight", c.index_head_dim, -1);
+    }
+    if (s.index_source) {
+      A.has_indexer_query = true;
+      A.indexer_wq_b = b.Fp8(p + "attn.indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
+      A.indexer_weights_proj = b.Bf16(p + "attn.indexer.weights_proj.weight", c.index_n_heads, d);
+    }
+
+    MoeWeights& F = L.ffn;
+    const int64_t E = c.n_routed_experts, I = c.moe_inter_dim;
+    F.gate = b.Bf16(p + "ffn.gate.weight", E, d);
+    F.bias = b.F32(p + "ffn.gate.bias", {E});
+    if (c.vision_n_layers > 0) F.bias_vl = b.F32(p + "ffn.gate.bias_vl", {E});
+    F.experts.resize(E);
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string q = fmt::format("{}ffn.experts.{}.", p, e);
+      F.experts[e].w1 = b.Fp4(q + "w1", I, d);
+      F.experts[e].w3 = b.Fp4(q + "w3", I, d);
+      F.experts[e].w2 = b.Fp4(q + "w2", d, I);
+    }
+    F.shared_w1 = b.Fp8(p + "ffn.shared_experts.w1", I, d);
+    F.shared_w3 = b.Fp8(p + "ffn.shared_experts.w3", I, d);
+    F.shared_w2 = b.Fp8(p + "ffn.shared_experts.w2", d, I);
+
+    if (s.engram_slot >= 0) {
+      L.has_engram = true;
+      EngramWeights& G = L.engram;
+      const int64_t hd = c.engram_head_dim;
+      G.rows = c.engram_num_embeddings[s.engram_slot];
+      if (hd % 32 != 0)
+        Fail(ErrorKind::kInvalidArgument, "engram_head_dim {} is not a multiple of 32", hd);
+      G.table = b.Expect(p + "engram.embed.weight", DType::kF8E4M3, {G.rows, hd}).data;
+      G.table_scale = b.Expect(p + "engram.embed.scale", DType::kF8E8M0, {G.rows, hd / 32}).data;
+      const int64_t cols = static_cast<int64_t>(c.engram_max_ngram_size - 1) * c.engram_n_heads * hd;
+      G.wkv = b.Fp8(p + "engram.wkv", (hc + 1) * d, cols);
+      Bf16Tensor qw = b.Bf16(p + "engram.q_weight", hc, d);
+      Bf16Tensor kw = b.Bf16(p + "engram.k_weight", hc, d);
+      G.qk.v.resize(static_cast<size_t>(hc * d));
+      for (int64_t i = 0; i < hc * d; ++i) G.qk.v[i] = Bf16ToFloat(qw.data[i]) * Bf16ToFloat(kw.data[i]);
+    }
+  }
+  return w;
+}
+
+}  // namespace deepinfer::v41

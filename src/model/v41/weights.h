@@ -1,0 +1,96 @@
+// deepinfer/model/v41/weights.h — the DeepSeek-V4.1 tensors bound from a
+// TensorStore into typed views (model-spec §2.4, §2.5).
+//
+// Quantised weights point into the mapped checkpoint (zero copy). Tensors that
+// the reference transforms at load time are materialised once:
+//   * `attn.wo_a`: E4M3 × its 32×32 UE8M0 block scale → BF16 (exact), as the
+//     reference's convert.py does (model-spec §2.5 step 3);
+//   * F32 tensors (mHC, sink, router bias) are copied (alignment);
+//   * BF16 tensors are used in place when 2-byte aligned, else copied;
+//   * Engram `q_weight ⊙ k_weight` is formed in FP32 (the reference only uses
+//     the product).
+// Binding validates every dtype and shape against the config and throws
+// Error(kCorruptData) naming the tensor, expected and found; a missing tensor
+// throws Error(kNotFound). Tensors the V4.1 text forward does not use (DSpark
+// `mtp.*`, `gate.bias_vl` while vision is off) are not bound.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "format/safetensors.h"
+#include "kernels/ref/ref_ops.h"
+#include "model/config.h"
+
+namespace deepinfer::v41 {
+
+// BF16 vector/matrix: points into the checkpoint or into `own`.
+struct Bf16Tensor {
+  const uint16_t* data = nullptr;
+  int64_t rows = 0, cols = 0;  // a vector has rows == 1
+  std::vector<uint16_t> own;
+  ref::Bf16Weight weight() const { return {data, rows, cols}; }
+};
+
+struct F32Tensor {
+  std::vector<float> v;
+  const float* data() const { return v.data(); }
+};
+
+struct AttentionWeights {
+  ref::Fp8Weight wq_a, wq_b, wkv, wo_b;
+  Bf16Tensor q_norm, kv_norm;
+  Bf16Tensor wo_a;  // BF16 [n_groups·o_lora_rank, n_heads·head_dim / n_groups]
+  F32Tensor attn_sink;
+  // KV sources.
+  bool has_compressor = false;
+  Bf16Tensor compressor_wkv, compressor_wgate, compressor_norm;  // wgate only for ratio > 1
+  Bf16Tensor indexer_wk, indexer_k_norm;
+  // Index sources.
+  bool has_indexer_query = false;
+  ref::Fp8Weight indexer_wq_b;
+  Bf16Tensor indexer_weights_proj;
+};
+
+struct ExpertWeights {
+  ref::Fp4Weight w1, w2, w3;
+};
+
+struct MoeWeights {
+  Bf16Tensor gate;  // [n_routed_experts, dim]
+  F32Tensor bias, bias_vl;
+  std::vector<ExpertWeights> experts;
+  ref::Fp8Weight shared_w1, shared_w2, shared_w3;
+};
+
+struct EngramWeights {
+  const uint8_t* table = nullptr;        // E4M3 [rows, head_dim]
+  const uint8_t* table_scale = nullptr;  // E8M0 [rows, head_dim / 32]
+  int64_t rows = 0;
+  ref::Fp8Weight wkv;                    // [(hc+1)·dim, (N−1)·heads·head_dim]
+  F32Tensor qk;                          // FP32 q_weight ⊙ k_weight [hc, dim]
+};
+
+struct LayerWeights {
+  Bf16Tensor attn_norm, ffn_norm;
+  F32Tensor hc_attn_fn, hc_attn_base, hc_attn_scale;
+  F32Tensor hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
+  AttentionWeights attn;
+  MoeWeights ffn;
+  bool has_engram = false;
+  EngramWeights engram;
+};
+
+struct ModelWeights {
+  Bf16Tensor embed;  // [vocab, dim]
+  Bf16Tensor head;   // [vocab, dim] (used as FP32: exact upcast on the fly)
+  Bf16Tensor norm;
+  std::vector<LayerWeights> layers;  // n_layers main layers
+
+  // Binds every tensor the V4.1 text forward uses. `store` must outlive the result.
+  static std::unique_ptr<ModelWeights> Bind(const TensorStore& store, const ModelConfig& cfg);
+};
+
+}  // namespace deepinfer::v41
