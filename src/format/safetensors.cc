@@ -160,9 +160,9 @@ SafetensorsHeader SafetensorsFile::Parse(const uint8_t* data, size_t size,
          file, h, kMaxHeaderBytes);
   if (h > size - 8)
     Fail(ErrorKind::kOutOfRange,
-         "{}: header length {} bytes runs past the end of the file: expected at most {} bytes "
+         "{}: header length {} bytes runs past the end of the file: expected at least {} bytes "
          "after the 8-byte length field, found {}; truncated?",
-         file, h, size - 8, size - 8);
+         file, h, h, size - 8);
 
   SafetensorsHeader out;
   out.data_offset = 8 + h;
@@ -417,7 +417,7 @@ std::unique_ptr<TensorStore> TensorStore::Open(const std::filesystem::path& mode
     return store;
   }
 
-  const std::string iname = "model.safetensors.index.json";
+  const std::string iname = PrintableName(index_path.string());
   const std::string text = ReadTextFile(index_path);
   json index = ParseStrictJson(text.data(), text.data() + text.size(), iname, 8);
   if (!index.is_object())
@@ -469,7 +469,7 @@ std::unique_ptr<TensorStore> TensorStore::Open(const std::filesystem::path& mode
       auto m = tensor_to_shard.find(t.name);
       if (m == tensor_to_shard.end())
         Fail(ErrorKind::kCorruptData,
-             "{}: tensor {}: present in the shard but not listed in {}'s weight_map",
+             "{}: tensor {}: present in the shard but not listed in the weight_map of {}",
              PrintableName(shard), PrintableName(t.name), iname);
       if (m->second != shard)
         Fail(ErrorKind::kCorruptData,
@@ -480,7 +480,7 @@ std::unique_ptr<TensorStore> TensorStore::Open(const std::filesystem::path& mode
   }
   for (const auto& [t, shard] : tensor_to_shard) {
     if (!store->by_name_.count(t))
-      Fail(ErrorKind::kNotFound, "{}: tensor {}: listed in {}'s weight_map but absent from {}",
+      Fail(ErrorKind::kNotFound, "{}: tensor {}: listed in the weight_map of {} but absent from {}",
            PrintableName(shard), PrintableName(t), iname, PrintableName(shard));
   }
   if (index.contains("metadata")) {
