@@ -430,6 +430,8 @@ Tokenizer Tokenizer::FromFiles(const std::filesystem::path& tokenizer_json,
   m->token_bytes.assign(m->size, "");
   m->added_flag.assign(m->size, 0);
   m->byte_id.fill(-1);
+  m->token_to_id.reserve(static_cast<size_t>(m->size) * 2);
+  m->bytes_to_id.reserve(static_cast<size_t>(m->size) * 2);
 
   std::string bytes;
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
