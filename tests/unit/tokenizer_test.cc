@@ -285,6 +285,11 @@ TEST_F(SmallTokenizer, UnsupportedFeaturesAreRejected) {
   EXPECT_THROW(Tokenizer::FromFiles(with("\"Isolated\"", "\"Removed\""), {}), Error);
   EXPECT_THROW(Tokenizer::FromFiles(with("\"type\": \"BPE\"", "\"type\": \"BPE\", \"byte_fallback\": true"), {}),
                Error);
+  EXPECT_THROW(Tokenizer::FromFiles(with("\"merges\": [", "\"merges\": 5, \"m2\": ["), {}), Error);
+  EXPECT_THROW(Tokenizer::FromFiles(with("\"vocab\": {", "\"vocab\": null, \"v2\": {"), {}), Error);
+  EXPECT_THROW(Tokenizer::FromFiles(with("\"vocab\": {", "\"vocab\": [], \"v2\": {"), {}), Error);
+  EXPECT_THROW(Tokenizer::FromFiles(with("\"merges\": [", "\"merges\": [[\"a\"], "), {}), Error);
+  EXPECT_THROW(Tokenizer::FromFiles(with("\"version\"", "\"version\" \"1.0\", \"x\""), {}), Error);  // bad JSON
   EXPECT_THROW(Tokenizer::FromFiles(with("\"Ġ a\"", "\"Ġ b\""), {}), Error);  // merge result not in vocab
   EXPECT_THROW(Tokenizer::FromFiles(with("\\\\s?[^\\\\s]+|\\\\s+", "(unclosed"), {}), Error);
   try {
