@@ -44,7 +44,7 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 class Planner {
  public:
-  explicit Planner(const ModelConfig& c) : c_(c), B_(c.weight_block_size) {}
+  explicit Planner(const ModelConfig& c) : B_(c.weight_block_size) {}
 
   void Bf16(const std::string& name, std::vector<int64_t> shape) {
     Add(name, DType::kBF16, shape, TensorRole::kBf16, shape);
@@ -95,7 +95,6 @@ class Planner {
     t.logical_shape = std::move(logical);
     out_.push_back(std::move(t));
   }
-  const ModelConfig& c_;
   int64_t B_;
   std::vector<ExpectedTensor> out_;
 };
