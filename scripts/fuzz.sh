@@ -1,30 +1,38 @@
 #!/usr/bin/env bash
-# Fuzzes the safetensors header parser (fuzz/safetensors_header_fuzz.cc) with
-# libFuzzer + AddressSanitizer for a bounded time. Not part of CI.
+# Fuzzes the checkpoint loader's parsers with libFuzzer + AddressSanitizer for
+# a bounded time. Not part of CI.
 #
-# Usage: ./scripts/fuzz.sh [SECONDS]        (default 120)
+# Usage: ./scripts/fuzz.sh [SECONDS] [TARGET...]
+#   SECONDS  time per target (default 120)
+#   TARGET   safetensors_header (SafetensorsFile::Parse on file images) and/or
+#            config_json (ModelConfig::FromJsonText + ExpectedTensors);
+#            default: both
 #
-# Builds a separate clang tree in build-fuzz/ (the modules the target uses —
+# Builds a separate clang tree in build-fuzz/ (the modules the targets use —
 # base, format, model config — are compiled again with
-# -fsanitize=fuzzer-no-link,address so the parser is coverage-instrumented;
-# see the DEEPINFER_BUILD_FUZZ block of CMakeLists.txt), writes a small seed corpus to
-# build-fuzz/corpus/seeds/, keeps the growing corpus in
-# build-fuzz/corpus/safetensors_header/ and any crash reproducer in
+# -fsanitize=fuzzer-no-link,address so the parsers are coverage-instrumented;
+# see the DEEPINFER_BUILD_FUZZ block of CMakeLists.txt), writes a small seed
+# corpus per target to build-fuzz/corpus/<target>-seeds/, keeps the growing
+# corpus in build-fuzz/corpus/<target>/ and any crash reproducer in
 # build-fuzz/artifacts/. Exit status: 0 if no crash was found, else libFuzzer's.
-# Reproduce a crash: build-fuzz/safetensors_header_fuzz build-fuzz/artifacts/crash-...
+# Reproduce a crash: build-fuzz/<target>_fuzz build-fuzz/artifacts/crash-...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-120}
+shift || true
+TARGETS=("$@")
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(safetensors_header config_json)
 BUILD=build-fuzz
 
 CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DDEEPINFER_BUILD_FUZZ=ON -DDEEPINFER_BUILD_TESTS=OFF -DDEEPINFER_BUILD_BENCH=OFF >/dev/null
-cmake --build "$BUILD" -j"$(nproc)" --target safetensors_header_fuzz
+for t in "${TARGETS[@]}"; do
+  cmake --build "$BUILD" -j"$(nproc)" --target "${t}_fuzz"
+done
+mkdir -p "$BUILD/artifacts"
 
-SEEDS="$BUILD/corpus/seeds"
-CORPUS="$BUILD/corpus/safetensors_header"
-mkdir -p "$SEEDS" "$CORPUS" "$BUILD/artifacts"
-python3 - "$SEEDS" <<'EOF'
+seed_safetensors_header() {
+  python3 - "$1" <<'EOF'
 import struct, sys, os
 out = sys.argv[1]
 def st(header: bytes, data: bytes = b"", pad=True):
@@ -48,16 +56,34 @@ seeds = {
 for k, v in seeds.items():
     open(os.path.join(out, k), "wb").write(v)
 EOF
+}
 
-set +e
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 "$BUILD/safetensors_header_fuzz" \
-  -max_total_time="$SECS" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-  -dict=fuzz/safetensors_header.dict -artifact_prefix="$BUILD/artifacts/" \
-  "$CORPUS" "$SEEDS" 2>&1 | tee "$BUILD/fuzz.log" | grep -E "^#[0-9]+[[:space:]]+(INITED|DONE)|ERROR|crash-|stat::" 
-rc=${PIPESTATUS[0]}
-set -e
-if [ "$rc" -ne 0 ]; then
-  echo "fuzz: libFuzzer exited with status $rc; see $BUILD/fuzz.log and $BUILD/artifacts/"
-  exit "$rc"
-fi
-echo "fuzz: no crash in ${SECS}s (log: $BUILD/fuzz.log)"
+seed_config_json() {
+  cp tests/data/tiny_v41_config.json tests/data/tiny_v4_config.json \
+     tests/data/v41_flash_config.json tests/data/v4_flash_config.json "$1/"
+}
+
+status=0
+for t in "${TARGETS[@]}"; do
+  seeds="$BUILD/corpus/$t-seeds"
+  corpus="$BUILD/corpus/$t"
+  mkdir -p "$seeds" "$corpus"
+  "seed_$t" "$seeds"
+  echo "== fuzzing $t for ${SECS}s"
+  set +e
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 "$BUILD/${t}_fuzz" \
+    -max_total_time="$SECS" -max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    -dict="fuzz/$t.dict" -artifact_prefix="$BUILD/artifacts/$t-" \
+    "$corpus" "$seeds" >"$BUILD/$t.log" 2>&1
+  rc=$?
+  set -e
+  grep -E "^#[0-9]+[[:space:]]+(INITED|DONE)|ERROR|crash-|stat::(number_of_executed_units|peak_rss)" \
+    "$BUILD/$t.log" || true
+  if [ "$rc" -ne 0 ]; then
+    echo "fuzz: $t: libFuzzer exited with status $rc; see $BUILD/$t.log and $BUILD/artifacts/"
+    status=$rc
+  else
+    echo "fuzz: $t: no crash in ${SECS}s (log: $BUILD/$t.log)"
+  fi
+done
+exit "$status"

@@ -11,6 +11,7 @@ void RegisterVersion(CLI::App& app);
 void RegisterInspect(CLI::App& app);    // cmd_inspect.cc
 void RegisterTokenize(CLI::App& app);    // cmd_tokenize.cc: deepinfer tokenize --model DIR
 void RegisterDetokenize(CLI::App& app);  // cmd_tokenize.cc: deepinfer detokenize --model DIR
+void RegisterGenerate(CLI::App& app);    // cmd_generate.cc: deepinfer generate --model DIR --prompts IN --output OUT
 // Each of these is implemented in its own apps/cli/cmd_*.cc:
 //   RegisterInspect   (cmd_inspect.cc)    deepinfer inspect MODEL_DIR
 //   RegisterMakeTiny  (cmd_make_tiny.cc)  deepinfer make-tiny --arch deepseek_v41 OUT_DIR

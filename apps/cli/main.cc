@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   deepinfer::cli::RegisterInspect(app);
   deepinfer::cli::RegisterTokenize(app);
   deepinfer::cli::RegisterDetokenize(app);
+  deepinfer::cli::RegisterGenerate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -115,6 +115,7 @@ class Engine {
   const EngineArgs& args() const;
   const Tokenizer* tokenizer() const;  // nullptr if the model directory has none
   int64_t vocab_size() const;
+  const std::string& model_type() const;  // config.json model_type, e.g. "deepseek_v41"
 
   struct Impl;
 

@@ -163,6 +163,7 @@ std::unique_ptr<Engine> Engine::OpenWithBackend(const EngineArgs& args, std::uni
 const EngineArgs& Engine::args() const { return impl_->args; }
 const Tokenizer* Engine::tokenizer() const { return impl_->tokenizer.get(); }
 int64_t Engine::vocab_size() const { return impl_->backend->vocab_size(); }
+const std::string& Engine::model_type() const { return impl_->backend->config().model_type; }
 bool Engine::HasUnfinished() const {
   if (impl_->scheduler->has_unfinished()) return true;
   for (const auto& [id, r] : impl_->requests)

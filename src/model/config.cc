@@ -213,11 +213,38 @@ void CheckLayerList(const std::vector<int>& ids, int n, const std::string& src,
   }
 }
 
-bool IsPrime(int64_t n) {
-  if (n < 2) return false;
-  if (n % 2 == 0) return n == 2;
-  for (int64_t d = 3; d <= n / d; d += 2)
-    if (n % d == 0) return false;
+uint64_t MulMod(uint64_t a, uint64_t b, uint64_t m) {
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(a) * b) % m);
+}
+uint64_t PowMod(uint64_t a, uint64_t e, uint64_t m) {
+  uint64_t r = 1;
+  a %= m;
+  for (; e; e >>= 1) {
+    if (e & 1) r = MulMod(r, a, m);
+    a = MulMod(a, a, m);
+  }
+  return r;
+}
+// Deterministic Miller-Rabin, exact for every 64-bit n (bases: first 12 primes).
+bool IsPrime(int64_t sn) {
+  if (sn < 2) return false;
+  const uint64_t n = static_cast<uint64_t>(sn);
+  for (uint64_t p : {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37}) {
+    if (n % p == 0) return n == p;
+  }
+  uint64_t d = n - 1;
+  int s = 0;
+  while ((d & 1) == 0) { d >>= 1; ++s; }
+  for (uint64_t a : {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37}) {
+    uint64_t x = PowMod(a, d, n);
+    if (x == 1 || x == n - 1) continue;
+    bool composite = true;
+    for (int r = 1; r < s; ++r) {
+      x = MulMod(x, x, n);
+      if (x == n - 1) { composite = false; break; }
+    }
+    if (composite) return false;
+  }
   return true;
 }
 
@@ -534,7 +561,7 @@ ModelConfig ParseV41(const json& root, const std::string& src) {
   c.engram_layer_ids = t.IntList32("engram_layer_ids", 0, kIntMax);
   c.engram_num_embeddings = t.IntList("engram_num_embeddings", 1);
   c.engram_max_ngram_size = t.I32("engram_max_ngram_size", 2, 64);
-  c.engram_vocab_size = t.Int("engram_vocab_size", 1, int64_t{1} << 40);
+  c.engram_vocab_size = t.Int("engram_vocab_size", 1, int64_t{1} << 48);
   c.engram_n_heads = t.I32("engram_n_heads", 1, 4096);
   c.engram_head_dim = t.Int("engram_head_dim", 1, 1 << 20);
   // The pad key is spelled engram_pad_token_id in the release's text_config
@@ -597,6 +624,15 @@ ModelConfig ParseV41(const json& root, const std::string& src) {
                fmt::format("expected a multiple of the quantisation block {} (row scale groups), "
                            "found {}",
                            c.weight_block_size, c.engram_head_dim));
+  // Bounded so that deriving the bucket primes stays cheap (release: 2 x 3 x 8 = 48).
+  const int64_t n_primes = static_cast<int64_t>(c.engram_layer_ids.size()) *
+                           (c.engram_max_ngram_size - 1) * c.engram_n_heads;
+  if (n_primes > 4096)
+    t.BadValue(t.Path("engram_n_heads"),
+               fmt::format("{} Engram layers x {} n-gram orders x {} heads = {} hash tables, "
+                           "expected at most 4096",
+                           c.engram_layer_ids.size(), c.engram_max_ngram_size - 1,
+                           c.engram_n_heads, n_primes));
   c.engram_primes = EngramPrimes(c);
   for (size_t k = 0; k < c.engram_primes.size(); ++k) {
     int64_t sum = 0;

@@ -39,6 +39,9 @@ uint64_t ExpectedTensor::nbytes() const {
 namespace {
 
 constexpr int64_t kFp4Group = 32;  // FP4 expert scale group along `in` (both versions)
+constexpr int64_t kMaxTensorElements = int64_t{1} << 46;  // 64 Ti elements
+constexpr int64_t kMaxTotalElements = int64_t{1} << 52;  // releases: < 2^40
+constexpr int64_t kMaxTensors = 2'000'000;               // releases: < 100k
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -87,6 +90,20 @@ class Planner {
  private:
   void Add(const std::string& name, DType dt, std::vector<int64_t> shape, TensorRole role,
            std::vector<int64_t> logical) {
+    // Config values are individually bounded, but their products need not be:
+    // refuse tensors no machine could hold rather than overflow.
+    int64_t n = 1;
+    for (int64_t d : logical) {
+      if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > kMaxTensorElements)
+        Fail(ErrorKind::kInvalidArgument,
+             "config.json implies tensor {} of shape {}, more than {} elements", name,
+             ShapeString(logical), kMaxTensorElements);
+    }
+    total_elements_ += n;
+    if (total_elements_ > kMaxTotalElements)
+      Fail(ErrorKind::kInvalidArgument,
+           "config.json implies more than {} parameters in total (at tensor {})",
+           kMaxTotalElements, name);
     ExpectedTensor t;
     t.name = name;
     t.dtype = dt;
@@ -96,6 +113,7 @@ class Planner {
     out_.push_back(std::move(t));
   }
   int64_t B_;
+  int64_t total_elements_ = 0;
   std::vector<ExpectedTensor> out_;
 };
 
@@ -282,6 +300,15 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
   if (c.layers.size() != static_cast<size_t>(c.n_layers + c.n_mtp_layers))
     Fail(ErrorKind::kInternal, "tensor plan: config has {} layer schedule entries, expected {}",
          c.layers.size(), c.n_layers + c.n_mtp_layers);
+  // Rough upper bound of the tensor count before building any names.
+  const int64_t per_block =
+      64 + 6 * static_cast<int64_t>(std::max(c.n_routed_experts, c.dspark_n_routed_experts));
+  const int64_t estimate = static_cast<int64_t>(c.layers.size()) * per_block +
+                           8 * static_cast<int64_t>(c.vision_n_layers) + 64;
+  if (estimate > kMaxTensors)
+    Fail(ErrorKind::kInvalidArgument,
+         "config.json implies about {} tensors ({} blocks x {} experts), more than {}", estimate,
+         c.layers.size(), std::max(c.n_routed_experts, c.dspark_n_routed_experts), kMaxTensors);
   Planner p(c);
   if (c.arch == Arch::kDeepseekV41) {
     PlanV41(p, c);

@@ -399,6 +399,9 @@ TEST(Config, ScheduleErrors) {
                     {"text_config.engram_num_embeddings[1]: expected 2260 rows", "found 2261"});
   ExpectConfigError(kTiny, tc([](json& t) { t["engram_num_embeddings"] = {2132}; }),
                     {"text_config.engram_num_embeddings: expected 2 entries"});
+  ExpectConfigError(kTiny, tc([](json& t) { t["engram_n_heads"] = 4000; }),
+                    {"text_config.engram_n_heads: 2 Engram layers x 2 n-gram orders x 4000 heads = "
+                     "16000 hash tables, expected at most 4096"});
   // Shape relations.
   ExpectConfigError(kTiny, tc([](json& t) { t["o_groups"] = 3; }),
                     {"text_config.o_groups: expected a divisor of num_attention_heads (4), found 3"});

@@ -181,6 +181,18 @@ TEST(TensorPlan, UnsupportedExpertDtype) {
   ExpectError([&] { ExpectedTensors(c); }, {"expert_dtype \"fp8\"", "only \"fp4\""});
 }
 
+TEST(TensorPlan, RefusesAbsurdSizesBeforeAllocating) {
+  ModelConfig c = Config("tiny_v41_config.json");
+  c.n_routed_experts = 1 << 20;
+  ExpectError([&] { ExpectedTensors(c); }, {"config.json implies about", "tensors", "more than"});
+  c = Config("tiny_v41_config.json");
+  c.vocab_size = int64_t{1} << 31;
+  c.dim = int64_t{1} << 30;
+  ExpectError([&] { ExpectedTensors(c); },
+              {"config.json implies tensor embed.weight of shape [2147483648, 1073741824], more "
+               "than"});
+}
+
 TEST(TensorPlan, ToleratedExtras) {
   ModelConfig c = Config("tiny_v41_config.json");
   EXPECT_TRUE(IsToleratedExtraTensor(c, "vision.blocks.0.norm1.weight"));

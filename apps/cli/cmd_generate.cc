@@ -1,0 +1,204 @@
+// deepinfer generate — the offline batch job: JSONL prompts in, JSONL results
+// out (in input order), through the full engine (continuous batching, chunked
+// prefill, paged cache, sampler).
+//
+// Input lines: {"prompt": "..."} | {"messages": [...]} | {"prompt_token_ids": [...]},
+// each optionally with any sampling field of the OpenAI/vLLM API (max_tokens,
+// temperature, top_p, top_k, min_p, penalties, seed, stop, stop_token_ids,
+// ignore_eos, logprobs, ...) overriding the command-line defaults, and a
+// "request_id". A bad line yields {"index": i, "error": "..."} for that line
+// only; every other line completes.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "commands.h"
+#include "engine_flags.h"
+#include "tokenizer/chat_format.h"
+#include "tokenizer/tokenizer.h"
+
+namespace deepinfer::cli {
+namespace {
+
+using json = nlohmann::json;
+
+struct GenerateOptions {
+  EngineFlags engine;
+  SamplingFlags sampling;
+  std::string prompts, output;
+  int64_t num_prompts = -1;
+  bool thinking = false;
+  bool no_progress = false;
+};
+
+json LogprobsJson(const std::vector<LogprobsEntry>& entries, const Tokenizer* tok) {
+  json arr = json::array();
+  for (const auto& e : entries) {
+    json top = json::array();
+    for (const auto& t : e.top) {
+      json o = {{"token_id", t.token_id}, {"logprob", t.logprob}, {"rank", t.rank}};
+      if (tok) o["token"] = tok->Decode(std::vector<int32_t>{t.token_id});
+      top.push_back(o);
+    }
+    json c = {{"token_id", e.chosen.token_id}, {"logprob", e.chosen.logprob}, {"rank", e.chosen.rank},
+              {"top_logprobs", top}};
+    if (tok) c["token"] = tok->Decode(std::vector<int32_t>{e.chosen.token_id});
+    arr.push_back(c);
+  }
+  return arr;
+}
+
+void RunGenerate(const GenerateOptions& o) {
+  const EngineArgs args = o.engine.Resolve();
+  std::ifstream in(o.prompts);
+  if (!in) Fail(ErrorKind::kNotFound, "--prompts {}: cannot open file", o.prompts);
+  std::ofstream out(o.output, std::ios::trunc);
+  if (!out) Fail(ErrorKind::kInvalidArgument, "--output {}: cannot open for writing", o.output);
+  // Command-line sampling defaults (validated once, up front).
+  SamplingParams defaults = SamplingParams::FromJson(o.sampling.given);
+
+  auto engine = Engine::Open(args);
+  const Tokenizer* tok = engine->tokenizer();
+  SamplingLimits limits;
+  limits.vocab_size = engine->vocab_size();
+  limits.max_logprobs = args.max_logprobs;
+
+  std::vector<json> results;
+  std::map<uint64_t, size_t> line_of;
+  std::string line;
+  size_t index = 0;
+  while (std::getline(in, line)) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (o.num_prompts >= 0 && static_cast<int64_t>(index) >= o.num_prompts) break;
+    const size_t i = index++;
+    results.push_back(json{{"index", i}});
+    try {
+      json j;
+      try {
+        j = json::parse(line);
+      } catch (const json::exception& e) {
+        Fail(ErrorKind::kInvalidArgument, "invalid JSON: {}", e.what());
+      }
+      if (!j.is_object()) Fail(ErrorKind::kInvalidArgument, "a line must be a JSON object");
+      GenerateRequest req;
+      if (j.contains("request_id")) {
+        if (!j["request_id"].is_string()) Fail(ErrorKind::kInvalidArgument, "request_id must be a string");
+        req.request_id = j["request_id"].get<std::string>();
+        results.back()["request_id"] = req.request_id;
+      } else {
+        req.request_id = std::to_string(i);
+      }
+      const int n_inputs = j.contains("prompt") + j.contains("messages") + j.contains("prompt_token_ids");
+      if (n_inputs != 1)
+        Fail(ErrorKind::kInvalidArgument, "a line needs exactly one of \"prompt\", \"messages\", \"prompt_token_ids\"");
+      if (j.contains("prompt")) {
+        if (!j["prompt"].is_string()) Fail(ErrorKind::kInvalidArgument, "prompt must be a string");
+        req.prompt = j["prompt"].get<std::string>();
+      } else if (j.contains("messages")) {
+        if (!tok) Fail(ErrorKind::kInvalidArgument, "messages need tokenizer.json in the model directory");
+        ChatOptions chat;
+        chat.encoding = ChatEncodingForModelType(engine->model_type());
+        chat.add_generation_prompt = true;
+        chat.thinking = o.thinking;
+        if (j.contains("thinking")) {
+          if (!j["thinking"].is_boolean()) Fail(ErrorKind::kInvalidArgument, "thinking must be true or false");
+          chat.thinking = j["thinking"].get<bool>();
+        }
+        // Key order matters to the renderer (tool arguments are dumped as written).
+        const auto ordered = nlohmann::ordered_json::parse(line);
+        req.prompt_token_ids = EncodeChat(*tok, ordered["messages"], chat);
+      } else {
+        const json& ids = j["prompt_token_ids"];
+        if (!ids.is_array()) Fail(ErrorKind::kInvalidArgument, "prompt_token_ids must be an array of integers");
+        std::vector<int32_t> v;
+        for (const auto& x : ids) {
+          if (!x.is_number_integer()) Fail(ErrorKind::kInvalidArgument, "prompt_token_ids must be an array of integers");
+          const int64_t t = x.get<int64_t>();
+          if (t < 0 || t >= engine->vocab_size())
+            Fail(ErrorKind::kInvalidArgument, "prompt_token_ids[{}] = {} is outside the vocabulary [0, {})", v.size(), t,
+                 engine->vocab_size());
+          v.push_back(static_cast<int32_t>(t));
+        }
+        req.prompt_token_ids = std::move(v);
+      }
+      req.params = SamplingParams::FromJson(j, defaults, limits);
+      line_of[engine->Submit(req)] = i;
+    } catch (const Error& e) {
+      results.back()["error"] = e.what();
+    }
+  }
+
+  const bool progress = !o.no_progress && isatty(STDERR_FILENO);
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t done = 0;
+  const size_t total = line_of.size();
+  while (engine->HasUnfinished()) {
+    for (RequestOutput& r : engine->Step()) {
+      if (!r.finished) continue;
+      json& res = results[line_of.at(r.id)];
+      res["text"] = r.text;
+      res["token_ids"] = r.token_ids;
+      res["finish_reason"] = r.finish_reason;
+      if (r.stop_reason) {
+        if (std::holds_alternative<std::string>(*r.stop_reason)) res["stop_reason"] = std::get<std::string>(*r.stop_reason);
+        else res["stop_reason"] = std::get<int64_t>(*r.stop_reason);
+      }
+      if (!r.error.empty()) res["error"] = r.error;
+      res["prompt_tokens"] = r.num_prompt_tokens;
+      res["completion_tokens"] = r.token_ids.size();
+      res["seed"] = r.seed;
+      if (!r.logprobs.empty()) res["logprobs"] = LogprobsJson(r.logprobs, tok);
+      res["time_to_first_token_s"] = r.time_to_first_token_s;
+      res["total_time_s"] = r.total_time_s;
+      ++done;
+    }
+    if (progress) {
+      const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const EngineStats s = engine->Stats();
+      std::fprintf(stderr, "\r[%zu/%zu] requests done, %.1f gen tok/s, KV blocks %lld/%lld   ", done, total,
+                   el > 0 ? s.generation_tokens_total / el : 0.0, static_cast<long long>(s.num_kv_blocks_used),
+                   static_cast<long long>(s.num_kv_blocks));
+      std::fflush(stderr);
+    }
+  }
+  if (progress) std::fprintf(stderr, "\n");
+  for (const json& r : results) out << r.dump() << "\n";
+  out.flush();
+  if (!out) Fail(ErrorKind::kInvalidArgument, "--output {}: write failed", o.output);
+  const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const EngineStats s = engine->Stats();
+  size_t errors = 0;
+  for (const json& r : results) errors += r.contains("error");
+  std::fprintf(stderr,
+               "generate: %zu requests (%zu errors) in %.2f s | prompt %lld tok (%.1f tok/s) | generation %lld tok "
+               "(%.1f tok/s) | peak KV blocks used %lld of %lld | preemptions %lld\n",
+               results.size(), errors, el, static_cast<long long>(s.prompt_tokens_total),
+               el > 0 ? s.prompt_tokens_total / el : 0.0, static_cast<long long>(s.generation_tokens_total),
+               el > 0 ? s.generation_tokens_total / el : 0.0, static_cast<long long>(s.peak_kv_blocks_used),
+               static_cast<long long>(s.num_kv_blocks), static_cast<long long>(s.num_preemptions));
+}
+
+}  // namespace
+
+void RegisterGenerate(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "Offline batch generation: JSONL prompts in, JSONL results out");
+  auto o = std::make_shared<GenerateOptions>();
+  cmd->add_option("--model", o->engine.args.model, "Model directory")->required();
+  cmd->add_option("--prompts", o->prompts, "Input JSONL file")->required();
+  cmd->add_option("--output", o->output, "Output JSONL file")->required();
+  cmd->add_option("--num-prompts", o->num_prompts, "Use only the first N prompts");
+  cmd->add_flag("--thinking", o->thinking, "Render chat messages in thinking mode");
+  cmd->add_flag("--no-progress", o->no_progress, "No progress bar");
+  AddEngineFlags(cmd, &o->engine);
+  AddSamplingFlags(cmd, &o->sampling);
+  cmd->callback([o] { RunGenerate(*o); });
+}
+
+}  // namespace deepinfer::cli
