@@ -1,0 +1,107 @@
+// deepinfer serve MODEL_DIR — the OpenAI-compatible HTTP server
+// (src/server/http_server.h). Binds 127.0.0.1:8000 by default; the engine
+// flags are those of `deepinfer generate` (vLLM names); the sampling flags set
+// server-wide defaults that each request's fields override.
+//
+// The port is bound before the model loads, so GET /health answers 503 while
+// loading and 200 once ready. SIGINT/SIGTERM stop the server (requests in
+// flight are aborted). Exit status 2 when the port cannot be bound or the model
+// fails to load.
+#include <signal.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "base/error.h"
+#include "commands.h"
+#include "engine_flags.h"
+#include "server/http_server.h"
+
+namespace deepinfer::cli {
+namespace {
+
+struct ServeOptions {
+  EngineFlags engine;
+  SamplingFlags sampling;
+  server::ServerOptions server;
+  std::string model;
+  std::vector<std::string> served_model_names;
+  bool thinking = false;
+};
+
+void RunServe(ServeOptions& o) {
+  o.engine.args.model = o.model;
+  const EngineArgs args = o.engine.Resolve();
+  o.server.served_model_names = o.served_model_names.empty() ? std::vector<std::string>{o.model} : o.served_model_names;
+  o.server.default_sampling = o.sampling.given;
+  o.server.default_thinking = o.thinking;
+  if (o.server.api_key.empty()) {
+    if (const char* k = std::getenv("DEEPINFER_API_KEY")) o.server.api_key = k;
+  }
+  if (o.server.port < 0 || o.server.port > 65535)
+    Fail(ErrorKind::kInvalidArgument, "--port must be in [0, 65535], got {}", o.server.port);
+
+  // Signals are taken by one thread with sigwait; every other thread (httplib's
+  // pool, the engine thread) inherits the blocked mask.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  server::HttpServer srv(o.server, [args] { return Engine::Open(args); });
+  const int port = srv.Bind();
+  spdlog::info("deepinfer serve: listening on http://{}:{} (model \"{}\" loading; GET /health answers 200 when ready)",
+               o.server.host, port, o.server.served_model_names.front());
+
+  std::atomic<bool> done{false};
+  std::thread signals([&] {
+    timespec ts{0, 200 * 1000 * 1000};
+    while (!done) {
+      const int sig = sigtimedwait(&set, nullptr, &ts);
+      if (sig == SIGINT || sig == SIGTERM) {
+        spdlog::info("deepinfer serve: signal {}, shutting down", sig);
+        srv.Stop();
+        return;
+      }
+    }
+  });
+  try {
+    srv.Run();
+  } catch (...) {
+    done = true;
+    signals.join();
+    throw;
+  }
+  done = true;
+  signals.join();
+}
+
+}  // namespace
+
+void RegisterServe(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)");
+  auto o = std::make_shared<ServeOptions>();
+  cmd->add_option("model", o->model, "Model directory")->required();
+  cmd->add_option("--host", o->server.host, "Address to bind (loopback by default)")->capture_default_str();
+  cmd->add_option("--port", o->server.port, "Port (0 = any free port)")->capture_default_str();
+  cmd->add_option("--api-key", o->server.api_key,
+                  "Require \"Authorization: Bearer KEY\" on /v1 routes (default: $DEEPINFER_API_KEY, else none)");
+  cmd->add_option("--served-model-name", o->served_model_names,
+                  "Model name(s) clients use in \"model\" (default: the model directory as given)");
+  cmd->add_option("--max-request-bytes", o->server.max_request_bytes, "Largest request body accepted (413 above)")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", o->server.http_threads,
+                  "HTTP worker threads (each open stream or keep-alive connection holds one)")
+      ->capture_default_str();
+  cmd->add_flag("--thinking", o->thinking, "Render chat requests in thinking mode unless a request says otherwise");
+  AddEngineFlags(cmd, &o->engine);
+  AddSamplingFlags(cmd, &o->sampling);
+  cmd->callback([o] { RunServe(*o); });
+}
+
+}  // namespace deepinfer::cli

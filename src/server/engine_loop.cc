@@ -1,0 +1,274 @@
+#include "server/engine_loop.h"
+
+#include <future>
+
+#include <spdlog/spdlog.h>
+
+#include "base/error.h"
+
+namespace deepinfer::server {
+
+namespace {
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+}  // namespace
+
+void OutputChannel::Push(ChoiceOutput o) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    q_.push_back(std::move(o));
+  }
+  cv_.notify_all();
+}
+
+bool OutputChannel::WaitPop(std::vector<ChoiceOutput>* out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return !q_.empty(); })) return false;
+  while (!q_.empty()) {
+    out->push_back(std::move(q_.front()));
+    q_.pop_front();
+  }
+  return true;
+}
+
+struct EngineLoop::Command {
+  enum class Kind { kSubmit, kAbort } kind = Kind::kSubmit;
+  std::vector<GenerateRequest> requests;
+  Clock::time_point arrival;
+  std::shared_ptr<OutputChannel> channel;
+  std::promise<std::vector<uint64_t>> reply;
+  std::vector<uint64_t> abort_ids;
+};
+
+struct EngineLoop::Route {
+  std::shared_ptr<OutputChannel> channel;
+  int index = 0;
+  Clock::time_point arrival;
+  Clock::time_point last_token;
+  bool got_first = false;
+};
+
+EngineLoop::EngineLoop(EngineFactory factory, ServerMetrics* metrics)
+    : factory_(std::move(factory)), metrics_(metrics) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+EngineLoop::~EngineLoop() { Stop(); }
+
+EngineLoop::State EngineLoop::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+std::string EngineLoop::load_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return load_error_;
+}
+
+EngineLoop::State EngineLoop::WaitLoaded(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  loaded_cv_.wait_for(lock, timeout, [&] { return state_ != State::kLoading; });
+  return state_;
+}
+
+void EngineLoop::SetOnLoaded(std::function<void(State)> fn) {
+  State s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s = state_;
+    if (s == State::kLoading) {
+      on_loaded_ = std::move(fn);
+      return;
+    }
+  }
+  fn(s);
+}
+
+std::shared_ptr<OutputChannel> EngineLoop::Submit(std::vector<GenerateRequest> requests, std::vector<uint64_t>* ids,
+                                                  Clock::time_point arrival) {
+  auto cmd = std::make_unique<Command>();
+  cmd->kind = Command::Kind::kSubmit;
+  cmd->requests = std::move(requests);
+  cmd->arrival = arrival;
+  cmd->channel = std::make_shared<OutputChannel>();
+  auto channel = cmd->channel;
+  std::future<std::vector<uint64_t>> reply = cmd->reply.get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) Fail(ErrorKind::kInternal, "the engine is shutting down");
+    if (state_ != State::kReady) Fail(ErrorKind::kInternal, "the engine is not ready");
+    commands_.push_back(std::move(cmd));
+  }
+  cv_.notify_all();
+  *ids = reply.get();  // rethrows the engine's Error
+  return channel;
+}
+
+void EngineLoop::Abort(const std::vector<uint64_t>& ids) {
+  if (ids.empty()) return;
+  auto cmd = std::make_unique<Command>();
+  cmd->kind = Command::Kind::kAbort;
+  cmd->abort_ids = ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    commands_.push_back(std::move(cmd));
+  }
+  cv_.notify_all();
+}
+
+EngineStats EngineLoop::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void EngineLoop::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineLoop::PublishStats() {
+  EngineStats s = engine_->Stats();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = s;
+}
+
+void EngineLoop::RouteOutputs(std::vector<RequestOutput>& outs) {
+  const auto now = Clock::now();
+  for (RequestOutput& o : outs) {
+    auto it = routes_.find(o.id);
+    if (it == routes_.end()) continue;  // e.g. a request already failed by a Step() exception
+    Route& r = *it->second;
+    if (metrics_ && !o.new_token_ids.empty()) {
+      if (!r.got_first) metrics_->ObserveTimeToFirstToken(Seconds(r.arrival, now));
+      else metrics_->ObserveInterTokenLatency(Seconds(r.last_token, now));
+    }
+    if (!o.new_token_ids.empty()) {
+      r.got_first = true;
+      r.last_token = now;
+    }
+    const bool finished = o.finished;
+    if (finished && metrics_) {
+      metrics_->CountFinished(o.finish_reason);
+      if (o.finish_reason == "stop" || o.finish_reason == "length") metrics_->ObserveE2eLatency(Seconds(r.arrival, now));
+    }
+    r.channel->Push(ChoiceOutput{r.index, std::move(o)});
+    if (finished) routes_.erase(it);
+  }
+}
+
+void EngineLoop::Run() {
+  // ---- Load.
+  std::unique_ptr<Engine> engine;
+  std::string error;
+  try {
+    engine = factory_();
+    if (!engine) error = "the engine factory returned no engine";
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  std::function<void(State)> on_loaded;
+  State loaded;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (engine) {
+      engine_ = std::move(engine);
+      facts_.args = engine_->args();
+      facts_.tokenizer = engine_->tokenizer();
+      facts_.vocab_size = engine_->vocab_size();
+      facts_.model_type = engine_->model_type();
+      stats_ = engine_->Stats();
+      state_ = State::kReady;
+    } else {
+      load_error_ = error;
+      state_ = State::kFailed;
+    }
+    loaded = state_;
+    on_loaded = std::move(on_loaded_);
+  }
+  loaded_cv_.notify_all();
+  if (loaded == State::kFailed) spdlog::error("engine failed to load: {}", error);
+  if (on_loaded) on_loaded(loaded);
+  if (loaded != State::kReady) return;
+
+  // ---- Serve.
+  for (;;) {
+    std::deque<std::unique_ptr<Command>> cmds;
+    bool stopping = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!engine_->HasUnfinished())
+        cv_.wait(lock, [&] { return stop_ || !commands_.empty(); });
+      cmds.swap(commands_);
+      stopping = stop_;
+    }
+    for (auto& cmd : cmds) {
+      if (cmd->kind == Command::Kind::kAbort) {
+        for (uint64_t id : cmd->abort_ids) engine_->Abort(id);
+        continue;
+      }
+      if (stopping) {
+        cmd->reply.set_exception(std::make_exception_ptr(Error(ErrorKind::kInternal, "the engine is shutting down")));
+        continue;
+      }
+      std::vector<uint64_t> ids;
+      try {
+        for (const GenerateRequest& req : cmd->requests) ids.push_back(engine_->Submit(req));
+      } catch (...) {
+        // All or nothing: abort the part of the group already queued (no route
+        // is registered for it, so its "abort" outputs are dropped).
+        for (uint64_t id : ids) engine_->Abort(id);
+        cmd->reply.set_exception(std::current_exception());
+        continue;
+      }
+      for (size_t i = 0; i < ids.size(); ++i) {
+        auto r = std::make_unique<Route>();
+        r->channel = cmd->channel;
+        r->index = static_cast<int>(i);
+        r->arrival = cmd->arrival;
+        routes_[ids[i]] = std::move(r);
+      }
+      cmd->reply.set_value(ids);
+    }
+    if (stopping) {
+      for (auto& [id, r] : routes_) engine_->Abort(id);
+    }
+    if (engine_->HasUnfinished()) {
+      std::vector<RequestOutput> outs;
+      try {
+        outs = engine_->Step();
+      } catch (const std::exception& e) {
+        // A bug below the engine's own per-request error handling: fail what is in flight, keep serving.
+        spdlog::error("engine step failed: {}", e.what());
+        for (auto& [id, r] : routes_) {
+          RequestOutput o;
+          o.id = id;
+          o.finished = true;
+          o.finish_reason = "error";
+          o.error = std::string("engine step failed: ") + e.what();
+          if (metrics_) metrics_->CountFinished("error");
+          r->channel->Push(ChoiceOutput{r->index, std::move(o)});
+          engine_->Abort(id);
+        }
+        routes_.clear();
+      }
+      RouteOutputs(outs);
+    }
+    PublishStats();
+    if (stopping) {
+      // Drain the aborted requests' final outputs, then leave.
+      int guard = 0;
+      while (engine_->HasUnfinished() && guard++ < 1000) {
+        std::vector<RequestOutput> outs = engine_->Step();
+        RouteOutputs(outs);
+      }
+      PublishStats();
+      return;
+    }
+  }
+}
+
+}  // namespace deepinfer::server

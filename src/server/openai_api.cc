@@ -1,0 +1,656 @@
+#include "server/openai_api.h"
+
+#include <cmath>
+#include <random>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "tokenizer/chat_format.h"
+#include "tokenizer/tokenizer.h"
+
+namespace deepinfer::server {
+
+using json = nlohmann::json;
+
+// ---------------------------------------------------------------------------
+// Errors
+
+json ErrorBody(const ApiError& e) {
+  json err = {{"message", e.what()}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
+  if (e.param) err["param"] = *e.param;
+  if (e.code) err["code"] = *e.code;
+  return json{{"error", err}};
+}
+
+void BadRequest(const std::string& message, std::optional<std::string> param, std::optional<std::string> code) {
+  throw ApiError(400, "invalid_request_error", message, std::move(param), std::move(code));
+}
+
+namespace {
+
+const std::set<std::string>& RequestFields() {
+  static const std::set<std::string> k = {
+      "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+      "logit_bias", "seed", "max_tokens", "min_tokens", "stop", "stop_token_ids", "include_stop_str_in_output",
+      "ignore_eos", "logprobs", "prompt_logprobs", "prompt", "messages", "top_logprobs", "max_completion_tokens",
+      "n", "stream", "stream_options", "echo", "model", "reasoning_effort", "chat_template_kwargs"};
+  return k;
+}
+
+// The request field a library message starts with ("top_p must be ...",
+// "stop[2]: ...", "request cmpl-x-0: prompt ..."), if any.
+std::optional<std::string> LeadingField(std::string_view msg) {
+  if (msg.rfind("request ", 0) == 0) {
+    const size_t colon = msg.find(": ");
+    if (colon != std::string_view::npos) msg = msg.substr(colon + 2);
+  }
+  size_t i = 0;
+  while (i < msg.size() && ((msg[i] >= 'a' && msg[i] <= 'z') || msg[i] == '_')) ++i;
+  const std::string f(msg.substr(0, i));
+  if (RequestFields().count(f)) return f;
+  return std::nullopt;
+}
+
+}  // namespace
+
+ApiError FromLibraryError(const Error& e, std::optional<std::string> param_hint) {
+  const bool client = e.kind() == ErrorKind::kInvalidArgument || e.kind() == ErrorKind::kOutOfRange;
+  if (!client) return ApiError(500, "server_error", e.what());
+  std::optional<std::string> param = LeadingField(e.what());
+  if (!param) param = std::move(param_hint);
+  return ApiError(400, "invalid_request_error", e.what(), std::move(param));
+}
+
+json ParseJsonBody(const std::string& body) {
+  if (body.empty()) BadRequest("the request body is empty; expected a JSON object");
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    // nlohmann names the byte position and, for bad bytes, "ill-formed UTF-8".
+    BadRequest(fmt::format("the request body is not valid JSON (UTF-8): {}", e.what()));
+  }
+  if (!j.is_object()) BadRequest(fmt::format("the request body must be a JSON object, found {}", j.type_name()));
+  return j;
+}
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string NewRequestId(const char* prefix) {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  return fmt::format("{}{:016x}{:016x}", prefix, rng(), rng());
+}
+
+void CheckModel(const json& body, const ModelInfo& info) {
+  auto it = body.find("model");
+  if (it == body.end() || it->is_null()) return;
+  if (!it->is_string()) BadRequest(fmt::format("model: expected a string, found {}", it->type_name()), "model");
+  const std::string m = it->get<std::string>();
+  for (const auto& name : info.served_model_names)
+    if (m == name) return;
+  throw ApiError(404, "invalid_request_error", fmt::format("The model `{}` does not exist.", m), "model",
+                 "model_not_found");
+}
+
+// ---------------------------------------------------------------------------
+// Request parsing
+
+namespace {
+
+const json* Field(const json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+bool GetBool(const json& body, const char* key, bool dflt) {
+  const json* v = Field(body, key);
+  if (!v) return dflt;
+  if (!v->is_boolean()) BadRequest(fmt::format("{}: expected true or false, found {}", key, v->type_name()), key);
+  return v->get<bool>();
+}
+
+int64_t GetInt(const json& body, const char* key, int64_t dflt) {
+  const json* v = Field(body, key);
+  if (!v) return dflt;
+  if (v->is_number_integer()) {
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      BadRequest(fmt::format("{}: integer out of range", key), key);
+    return v->get<int64_t>();
+  }
+  if (v->is_number_float()) {
+    const double d = v->get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e18) return static_cast<int64_t>(d);
+  }
+  BadRequest(fmt::format("{}: expected an integer, found {}", key, v->is_number() ? Dump(*v) : v->type_name()), key);
+}
+
+void RejectIfSet(const json& body, const char* key, const char* why) {
+  if (Field(body, key)) BadRequest(fmt::format("{} is not supported: {}", key, why), key);
+}
+
+// Fields common to both endpoints; fills n/stream/stream_options.
+void ParseCommon(const json& body, ParsedRequest* r) {
+  const int64_t n = GetInt(body, "n", 1);
+  if (n < 1 || n > kMaxChoices) BadRequest(fmt::format("n must be in [1, {}], got {}", kMaxChoices, n), "n");
+  r->n = static_cast<int>(n);
+  r->stream = GetBool(body, "stream", false);
+  if (const json* so = Field(body, "stream_options")) {
+    if (!so->is_object())
+      BadRequest(fmt::format("stream_options: expected an object, found {}", so->type_name()), "stream_options");
+    if (!r->stream) BadRequest("stream_options is only allowed when stream is true", "stream_options");
+    r->include_usage = GetBool(*so, "include_usage", false);
+    r->continuous_usage_stats = GetBool(*so, "continuous_usage_stats", false);
+  }
+  if (const json* u = Field(body, "user"); u && !u->is_string())
+    BadRequest(fmt::format("user: expected a string, found {}", u->type_name()), "user");
+  RejectIfSet(body, "prompt_logprobs", "prompt logprobs are not implemented by this engine");
+  for (const char* k : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"})
+    RejectIfSet(body, k, "structured output is not implemented by this engine");
+  if (const json* rf = Field(body, "response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+      BadRequest("response_format: expected an object with a string \"type\"", "response_format");
+    if ((*rf)["type"] != "text")
+      BadRequest(fmt::format("response_format type \"{}\" is not supported (only \"text\"): structured output is not "
+                             "implemented by this engine",
+                             (*rf)["type"].get<std::string>()),
+                 "response_format");
+  }
+  if (!GetBool(body, "skip_special_tokens", true))
+    BadRequest("skip_special_tokens = false is not supported", "skip_special_tokens");
+  if (const json* b = Field(body, "best_of")) {
+    const int64_t best_of = GetInt(body, "best_of", 1);
+    if (best_of != n)
+      BadRequest(fmt::format("best_of is not supported (it must equal n = {}), got {}", n, b->dump()), "best_of");
+  }
+}
+
+SamplingParams ParseSampling(const json& sampling_fields, const ModelInfo& info, const SamplingParams& defaults,
+                             const char* logprobs_param) {
+  SamplingLimits limits;
+  limits.vocab_size = info.vocab_size;
+  limits.max_logprobs = info.max_logprobs;
+  try {
+    return SamplingParams::FromJson(sampling_fields, defaults, limits);
+  } catch (const Error& e) {
+    ApiError a = FromLibraryError(e);
+    if (a.param == std::optional<std::string>("logprobs")) a.param = logprobs_param;
+    throw a;
+  }
+}
+
+void CheckContext(const ParsedRequest& r, const ModelInfo& info, const char* prompt_param) {
+  for (const auto& p : r.prompts) {
+    const int64_t np = static_cast<int64_t>(p.size());
+    if (r.params.max_tokens) {
+      const int64_t total = np + *r.params.max_tokens;
+      if (total > info.max_model_len)
+        BadRequest(fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens ({} "
+                               "in the {}, {} for the completion (max_tokens)). Please reduce the length of the {} or "
+                               "the completion.",
+                               info.max_model_len, total, np, prompt_param, *r.params.max_tokens, prompt_param),
+                   prompt_param, "context_length_exceeded");
+    } else if (np >= info.max_model_len) {
+      BadRequest(fmt::format("This model's maximum context length is {} tokens. However, your {} has {} tokens, which "
+                             "leaves no room for the completion. Please reduce the length of the {}.",
+                             info.max_model_len, prompt_param, np, prompt_param),
+                 prompt_param, "context_length_exceeded");
+    }
+  }
+}
+
+std::vector<int32_t> TokenIds(const json& arr, const ModelInfo& info, const std::string& name) {
+  std::vector<int32_t> ids;
+  ids.reserve(arr.size());
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const json& x = arr[i];
+    if (!x.is_number_integer())
+      BadRequest(fmt::format("{}[{}]: expected a token id (integer), found {}", name, i,
+                             x.is_number() ? Dump(x) : x.type_name()),
+                 "prompt");
+    const int64_t t = x.is_number_unsigned() && x.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX
+                                                                                                     : x.get<int64_t>();
+    if (t < 0 || (info.vocab_size > 0 && t >= info.vocab_size))
+      BadRequest(fmt::format("{}[{}] = {} is outside the vocabulary [0, {})", name, i, t, info.vocab_size), "prompt");
+    ids.push_back(static_cast<int32_t>(t));
+  }
+  return ids;
+}
+
+std::vector<int32_t> EncodeText(const std::string& text, const ModelInfo& info, const char* param) {
+  if (!info.tokenizer) BadRequest("this model directory has no tokenizer.json: send token ids instead of text", param);
+  try {
+    return info.tokenizer->Encode(text, /*add_special_tokens=*/true);
+  } catch (const Error& e) {
+    throw FromLibraryError(e, param);
+  }
+}
+
+}  // namespace
+
+ParsedRequest ParseCompletionRequest(const json& body, const ModelInfo& info) {
+  CheckModel(body, info);
+  ParsedRequest r;
+  r.endpoint = Endpoint::kCompletions;
+  ParseCommon(body, &r);
+  RejectIfSet(body, "suffix", "insertion (fill-in-the-middle) is not implemented");
+  r.echo = GetBool(body, "echo", false);
+  // prompt: string | [string] | [int] | [[int]]
+  const json* p = Field(body, "prompt");
+  if (!p) BadRequest("prompt is required", "prompt");
+  if (p->is_string()) {
+    const std::string s = p->get<std::string>();
+    if (s.empty()) BadRequest("prompt must not be empty", "prompt");
+    r.prompt_texts.push_back(s);
+    r.prompts.push_back(EncodeText(s, info, "prompt"));
+  } else if (p->is_array()) {
+    if (p->empty()) BadRequest("prompt must not be empty", "prompt");
+    if ((*p)[0].is_number()) {
+      r.prompts.push_back(TokenIds(*p, info, "prompt"));
+      r.prompt_texts.emplace_back();
+    } else {
+      for (size_t i = 0; i < p->size(); ++i) {
+        const json& e = (*p)[i];
+        const std::string name = fmt::format("prompt[{}]", i);
+        if (e.is_string()) {
+          const std::string s = e.get<std::string>();
+          if (s.empty()) BadRequest(fmt::format("{} must not be empty", name), "prompt");
+          r.prompt_texts.push_back(s);
+          r.prompts.push_back(EncodeText(s, info, "prompt"));
+        } else if (e.is_array()) {
+          if (e.empty()) BadRequest(fmt::format("{} must not be empty", name), "prompt");
+          r.prompts.push_back(TokenIds(e, info, name));
+          r.prompt_texts.emplace_back();
+        } else {
+          BadRequest(fmt::format("{}: expected a string or a list of token ids, found {}", name, e.type_name()),
+                     "prompt");
+        }
+      }
+    }
+  } else {
+    BadRequest(fmt::format("prompt: expected a string, a list of strings or a list of token ids, found {}",
+                           p->type_name()),
+               "prompt");
+  }
+  if (static_cast<int64_t>(r.prompts.size()) * r.n > kMaxChoices)
+    BadRequest(fmt::format("{} prompts x n = {} gives {} choices; at most {} are allowed per request", r.prompts.size(),
+                           r.n, r.prompts.size() * r.n, kMaxChoices),
+               "n");
+  // Token-id prompts have no text to echo: decode them.
+  if (r.echo) {
+    for (size_t i = 0; i < r.prompts.size(); ++i)
+      if (r.prompt_texts[i].empty() && info.tokenizer) r.prompt_texts[i] = info.tokenizer->Decode(r.prompts[i]);
+  }
+  SamplingParams defaults = SamplingParams::FromJson(info.default_sampling);
+  r.params = ParseSampling(body, info, defaults, "logprobs");
+  r.want_logprobs = r.params.logprobs.has_value();
+  if (r.echo && r.want_logprobs)
+    BadRequest("echo with logprobs is not supported (it needs prompt logprobs)", "echo");
+  CheckContext(r, info, "prompt");
+  return r;
+}
+
+ParsedRequest ParseChatRequest(const json& body, const nlohmann::ordered_json& ordered_body, const ModelInfo& info) {
+  CheckModel(body, info);
+  ParsedRequest r;
+  r.endpoint = Endpoint::kChat;
+  ParseCommon(body, &r);
+  for (const char* k : {"tools", "functions"}) {
+    const json* t = Field(body, k);
+    if (t && !(t->is_array() && t->empty()))
+      BadRequest(fmt::format("{} is not supported yet: this server has no tool-call parser", k), k);
+  }
+  if (GetBool(body, "continue_final_message", false))
+    BadRequest("continue_final_message is not supported", "continue_final_message");
+  const json* msgs = Field(body, "messages");
+  if (!msgs) BadRequest("messages is required", "messages");
+  if (!msgs->is_array()) BadRequest(fmt::format("messages: expected a list, found {}", msgs->type_name()), "messages");
+  if (msgs->empty()) BadRequest("messages must not be empty", "messages");
+  for (size_t i = 0; i < msgs->size(); ++i)
+    if (!(*msgs)[i].is_object())
+      BadRequest(fmt::format("messages[{}]: expected an object, found {}", i, (*msgs)[i].type_name()), "messages");
+  if (!info.tokenizer) BadRequest("this model directory has no tokenizer.json: chat needs one", "messages");
+
+  ChatOptions chat;
+  try {
+    chat.encoding = ChatEncodingForModelType(info.model_type);
+  } catch (const Error& e) {
+    throw ApiError(400, "invalid_request_error", e.what(), "model");
+  }
+  chat.thinking = info.default_thinking;
+  chat.add_generation_prompt = GetBool(body, "add_generation_prompt", true);
+  const nlohmann::ordered_json* effort = nullptr;
+  if (const json* kw = Field(body, "chat_template_kwargs")) {
+    if (!kw->is_object())
+      BadRequest(fmt::format("chat_template_kwargs: expected an object, found {}", kw->type_name()),
+                 "chat_template_kwargs");
+    if (kw->contains("thinking") && !(*kw)["thinking"].is_null())
+      chat.thinking = GetBool(*kw, "thinking", chat.thinking);
+    else if (kw->contains("enable_thinking") && !(*kw)["enable_thinking"].is_null())
+      chat.thinking = GetBool(*kw, "enable_thinking", chat.thinking);
+    chat.drop_thinking = GetBool(*kw, "drop_thinking", true);
+    const auto& okw = ordered_body["chat_template_kwargs"];
+    if (okw.contains("reasoning_effort") && !okw["reasoning_effort"].is_null()) effort = &okw["reasoning_effort"];
+  }
+  if (ordered_body.contains("reasoning_effort") && !ordered_body["reasoning_effort"].is_null())
+    effort = &ordered_body["reasoning_effort"];
+  if (effort) chat.reasoning_effort = *effort;
+  r.thinking = chat.thinking;
+  try {
+    r.prompts.push_back(EncodeChat(*info.tokenizer, ordered_body["messages"], chat));
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    throw FromLibraryError(e, m.find("reasoning effort") != std::string::npos ? "reasoning_effort" : "messages");
+  }
+  r.prompt_texts.emplace_back();
+  if (static_cast<int64_t>(r.prompts.size()) * r.n > kMaxChoices) BadRequest("too many choices", "n");
+
+  // Chat names → sampler names: logprobs (bool) + top_logprobs → logprobs (int);
+  // max_completion_tokens (preferred) / max_tokens → max_tokens.
+  json fields = body;
+  const bool want_logprobs = GetBool(body, "logprobs", false);
+  fields.erase("logprobs");
+  fields.erase("top_logprobs");
+  if (const json* tl = Field(body, "top_logprobs")) {
+    const int64_t k = GetInt(body, "top_logprobs", 0);
+    (void)tl;
+    if (!want_logprobs) BadRequest("top_logprobs requires logprobs to be true", "top_logprobs");
+    if (k < 0 || (info.max_logprobs >= 0 && k > info.max_logprobs))
+      BadRequest(fmt::format("top_logprobs must be in [0, {}], got {}", info.max_logprobs, k), "top_logprobs");
+    fields["logprobs"] = k;
+  } else if (want_logprobs) {
+    fields["logprobs"] = 0;
+  }
+  const char* max_param = "max_tokens";
+  if (const json* mct = Field(body, "max_completion_tokens")) {
+    fields["max_tokens"] = *mct;
+    max_param = "max_completion_tokens";
+  }
+  SamplingParams defaults = SamplingParams::FromJson(info.default_sampling);
+  if (!info.default_sampling.contains("max_tokens")) defaults.max_tokens.reset();  // chat: up to the context
+  try {
+    r.params = ParseSampling(fields, info, defaults, "top_logprobs");
+  } catch (ApiError& a) {
+    if (a.param == std::optional<std::string>("max_tokens")) a.param = max_param;
+    throw;
+  }
+  r.want_logprobs = r.params.logprobs.has_value();
+  CheckContext(r, info, "messages");
+  return r;
+}
+
+std::vector<GenerateRequest> ParsedRequest::ToGenerateRequests(const std::string& request_id) const {
+  std::vector<GenerateRequest> out;
+  out.reserve(static_cast<size_t>(num_choices()));
+  for (int c = 0; c < num_choices(); ++c) {
+    GenerateRequest g;
+    g.prompt_token_ids = prompts[static_cast<size_t>(c / n)];
+    g.params = params;
+    if (params.seed) g.params.seed = static_cast<int64_t>(static_cast<uint64_t>(*params.seed) + static_cast<uint64_t>(c % n));
+    g.request_id = fmt::format("{}-{}", request_id, c);
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Reasoning split
+
+namespace {
+constexpr std::string_view kThinkEnd = "</think>";
+}
+
+ReasoningSplitter::Delta ReasoningSplitter::Push(std::string_view text) {
+  Delta d;
+  if (!in_reasoning_) {
+    d.content.assign(text);
+    return d;
+  }
+  std::string buf = held_;
+  buf.append(text);
+  held_.clear();
+  const size_t pos = buf.find(kThinkEnd);
+  if (pos != std::string::npos) {
+    d.reasoning = buf.substr(0, pos);
+    d.content = buf.substr(pos + kThinkEnd.size());
+    in_reasoning_ = false;
+    return d;
+  }
+  // Hold back the longest suffix that is a proper prefix of "</think>".
+  size_t hold = 0;
+  for (size_t k = std::min(buf.size(), kThinkEnd.size() - 1); k > 0; --k) {
+    if (std::string_view(buf).substr(buf.size() - k) == kThinkEnd.substr(0, k)) {
+      hold = k;
+      break;
+    }
+  }
+  d.reasoning = buf.substr(0, buf.size() - hold);
+  held_ = buf.substr(buf.size() - hold);
+  return d;
+}
+
+ReasoningSplitter::Delta ReasoningSplitter::Flush() {
+  Delta d;
+  if (in_reasoning_) d.reasoning = std::move(held_);
+  held_.clear();
+  return d;
+}
+
+// ---------------------------------------------------------------------------
+// Responses
+
+ResponseBuilder::ResponseBuilder(const ParsedRequest& req, const ModelInfo& info, std::string id, int64_t created)
+    : req_(req), info_(info), id_(std::move(id)), created_(created) {
+  for (int c = 0; c < req.num_choices(); ++c) choices_.emplace_back(req.endpoint == Endpoint::kChat && req.thinking);
+}
+
+ResponseBuilder::~ResponseBuilder() = default;
+
+namespace {
+
+double Logprob(float v) {
+  // JSON has no infinities; vLLM reports -9999.0 for -inf.
+  if (std::isinf(v) && v < 0) return -9999.0;
+  if (!std::isfinite(v)) return -9999.0;
+  return static_cast<double>(v);
+}
+
+std::string TokenText(const Tokenizer* tok, int32_t id) {
+  if (!tok) return fmt::format("token_id:{}", id);
+  try {
+    return tok->Decode(std::vector<int32_t>{id});
+  } catch (const Error&) {
+    return fmt::format("token_id:{}", id);
+  }
+}
+
+json TokenBytesJson(const Tokenizer* tok, int32_t id) {
+  json b = json::array();
+  if (!tok) return b;
+  try {
+    for (unsigned char ch : tok->TokenBytes(id)) b.push_back(static_cast<int>(ch));
+  } catch (const Error&) {
+  }
+  return b;
+}
+
+}  // namespace
+
+json ResponseBuilder::CompletionLogprobs(int64_t* text_offset, const std::vector<LogprobsEntry>& entries) const {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+  for (const LogprobsEntry& e : entries) {
+    const std::string t = TokenText(info_.tokenizer, e.chosen.token_id);
+    tokens.push_back(t);
+    token_logprobs.push_back(Logprob(e.chosen.logprob));
+    json d = json::object();
+    for (const TokenLogprob& x : e.top) d[TokenText(info_.tokenizer, x.token_id)] = Logprob(x.logprob);
+    if (!d.contains(t)) d[t] = Logprob(e.chosen.logprob);
+    top.push_back(d);
+    offsets.push_back(*text_offset);
+    *text_offset += static_cast<int64_t>(t.size());
+  }
+  return json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
+}
+
+json ResponseBuilder::ChatLogprobs(const std::vector<LogprobsEntry>& entries) const {
+  json content = json::array();
+  for (const LogprobsEntry& e : entries) {
+    json top = json::array();
+    for (const TokenLogprob& x : e.top)
+      top.push_back(json{{"token", TokenText(info_.tokenizer, x.token_id)},
+                         {"logprob", Logprob(x.logprob)},
+                         {"bytes", TokenBytesJson(info_.tokenizer, x.token_id)}});
+    content.push_back(json{{"token", TokenText(info_.tokenizer, e.chosen.token_id)},
+                           {"logprob", Logprob(e.chosen.logprob)},
+                           {"bytes", TokenBytesJson(info_.tokenizer, e.chosen.token_id)},
+                           {"top_logprobs", top}});
+  }
+  return json{{"content", content}};
+}
+
+ReasoningSplitter::Delta ResponseBuilder::Apply(Choice& c, ChoiceOutput& o) {
+  RequestOutput& out = o.out;
+  ReasoningSplitter::Delta d = c.splitter.Push(out.new_text);
+  c.token_ids.insert(c.token_ids.end(), out.new_token_ids.begin(), out.new_token_ids.end());
+  if (req_.want_logprobs) c.logprobs.insert(c.logprobs.end(), out.new_logprobs.begin(), out.new_logprobs.end());
+  if (out.finished && !c.finished) {
+    ReasoningSplitter::Delta tail = c.splitter.Flush();
+    d.reasoning += tail.reasoning;
+    d.content += tail.content;
+    c.finished = true;
+    ++num_finished_;
+    c.finish_reason = out.finish_reason;
+    if (out.stop_reason) {
+      if (std::holds_alternative<std::string>(*out.stop_reason)) c.stop_reason = std::get<std::string>(*out.stop_reason);
+      else c.stop_reason = std::get<int64_t>(*out.stop_reason);
+    }
+    if (out.finish_reason == "error" && !error_)
+      error_ = ApiError(500, "server_error",
+                        fmt::format("the engine failed on this request: {}", out.error.empty() ? "unknown error" : out.error));
+  }
+  c.content += d.content;
+  c.reasoning += d.reasoning;
+  return d;
+}
+
+json ResponseBuilder::ChunkBase() const {
+  return json{{"id", id_},
+              {"object", req_.endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created_},
+              {"model", info_.served_model_names.at(0)}};
+}
+
+std::string ResponseBuilder::Event(const json& chunk) const { return "data: " + Dump(chunk) + "\n\n"; }
+
+json ResponseBuilder::Usage() const {
+  int64_t prompt = 0, completion = 0;
+  for (const auto& p : req_.prompts) prompt += static_cast<int64_t>(p.size());
+  for (const Choice& c : choices_) completion += static_cast<int64_t>(c.token_ids.size());
+  return json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+}
+
+std::string ResponseBuilder::Prologue() {
+  if (req_.endpoint != Endpoint::kChat) return "";
+  std::string ev;
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    json chunk = ChunkBase();
+    chunk["choices"] = json::array({json{{"index", i},
+                                         {"delta", json{{"role", "assistant"}, {"content", ""}}},
+                                         {"logprobs", nullptr},
+                                         {"finish_reason", nullptr}}});
+    ev += Event(chunk);
+  }
+  return ev;
+}
+
+std::string ResponseBuilder::OnStreamOutput(ChoiceOutput&& o) {
+  Choice& c = choices_.at(static_cast<size_t>(o.index));
+  if (c.finished) return "";
+  std::vector<LogprobsEntry> new_lp = req_.want_logprobs ? o.out.new_logprobs : std::vector<LogprobsEntry>{};
+  const bool first = !c.started;
+  c.started = true;
+  ReasoningSplitter::Delta d = Apply(c, o);
+  if (c.finish_reason == "error") return "";  // the caller sends the error event
+  json choice = {{"index", o.index}};
+  bool any = c.finished || !new_lp.empty();
+  if (req_.endpoint == Endpoint::kChat) {
+    json delta = json::object();
+    if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+    if (!d.content.empty()) delta["content"] = d.content;
+    any |= !delta.empty();
+    choice["delta"] = delta;
+    choice["logprobs"] = new_lp.empty() ? json(nullptr) : ChatLogprobs(new_lp);
+  } else {
+    std::string text = d.content;
+    if (first && req_.echo) {
+      const std::string& p = req_.prompt_texts.at(static_cast<size_t>(o.index / req_.n));
+      text = p + text;
+      c.text_offset += static_cast<int64_t>(p.size());
+    }
+    any |= !text.empty();
+    choice["text"] = text;
+    choice["logprobs"] = new_lp.empty() ? json(nullptr) : CompletionLogprobs(&c.text_offset, new_lp);
+  }
+  if (!any) return "";
+  choice["finish_reason"] = c.finished ? json(c.finish_reason) : json(nullptr);
+  choice["stop_reason"] = c.finished ? c.stop_reason : json(nullptr);
+  json chunk = ChunkBase();
+  chunk["choices"] = json::array({choice});
+  if (req_.continuous_usage_stats) chunk["usage"] = Usage();
+  return Event(chunk);
+}
+
+std::string ResponseBuilder::Epilogue() {
+  std::string ev;
+  if (req_.include_usage) {
+    json chunk = ChunkBase();
+    chunk["choices"] = json::array();
+    chunk["usage"] = Usage();
+    ev += Event(chunk);
+  }
+  ev += "data: [DONE]\n\n";
+  return ev;
+}
+
+void ResponseBuilder::OnOutput(ChoiceOutput&& o) {
+  Choice& c = choices_.at(static_cast<size_t>(o.index));
+  if (c.finished) return;
+  c.started = true;
+  Apply(c, o);
+}
+
+json ResponseBuilder::Final() const {
+  json choices = json::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const Choice& c = choices_[i];
+    json ch = {{"index", i}};
+    if (req_.endpoint == Endpoint::kChat) {
+      json msg = {{"role", "assistant"}, {"content", c.content}};
+      if (req_.thinking) msg["reasoning_content"] = c.reasoning;
+      ch["message"] = msg;
+      ch["logprobs"] = req_.want_logprobs ? ChatLogprobs(c.logprobs) : json(nullptr);
+    } else {
+      std::string text = c.content;
+      int64_t offset = 0;
+      if (req_.echo) {
+        const std::string& p = req_.prompt_texts.at(i / static_cast<size_t>(req_.n));
+        text = p + text;
+        offset = static_cast<int64_t>(p.size());
+      }
+      ch["text"] = text;
+      ch["logprobs"] = req_.want_logprobs ? CompletionLogprobs(&offset, c.logprobs) : json(nullptr);
+    }
+    ch["finish_reason"] = c.finished ? json(c.finish_reason) : json(nullptr);
+    ch["stop_reason"] = c.stop_reason;
+    choices.push_back(ch);
+  }
+  return json{{"id", id_},
+              {"object", req_.endpoint == Endpoint::kChat ? "chat.completion" : "text_completion"},
+              {"created", created_},
+              {"model", info_.served_model_names.at(0)},
+              {"choices", choices},
+              {"usage", Usage()}};
+}
+
+}  // namespace deepinfer::server

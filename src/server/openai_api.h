@@ -1,0 +1,207 @@
+// deepinfer/server/openai_api.h — the OpenAI API schema: request parsing and
+// validation, and the response / SSE chunk formats. No HTTP here (http_server.h
+// carries these over cpp-httplib), so everything is unit-testable.
+//
+// Requests. POST /v1/completions and POST /v1/chat/completions with OpenAI's
+// field names plus vLLM's sampler extensions (top_k, min_p,
+// repetition_penalty, min_tokens, stop_token_ids, ignore_eos,
+// include_stop_str_in_output, seed). Supported:
+//   completions: model, prompt (string | [string] | [int] | [[int]]), n,
+//     max_tokens (default 16), stream, stream_options {include_usage,
+//     continuous_usage_stats}, logprobs (int: top-N per token), echo, stop,
+//     seed, user, and the sampler fields (sampling_params.h).
+//   chat: model, messages (rendered with the DeepSeek V4/V4.1 chat format,
+//     chat_format.h), n, max_completion_tokens / max_tokens (default: up to
+//     the context), stream, stream_options, logprobs (bool) + top_logprobs,
+//     stop, seed, user, reasoning_effort, chat_template_kwargs {thinking,
+//     reasoning_effort, drop_thinking}, add_generation_prompt, the sampler
+//     fields. Thinking mode (chat_template_kwargs.thinking, or the server's
+//     default): the generated text up to "</think>" is returned as
+//     message.reasoning_content (delta.reasoning_content when streaming), the
+//     rest as content.
+// Unknown fields are ignored (vLLM's behaviour). Fields this engine cannot
+// honour are rejected with 400 rather than ignored: suffix, best_of != n,
+// prompt_logprobs, tools / functions (no tool-call parser yet),
+// response_format other than {"type": "text"}, guided_* / structured_outputs,
+// skip_special_tokens = false, continue_final_message = true, echo with
+// logprobs.
+//
+// n > 1: one engine request per choice; with a seed, choice j of a prompt uses
+// seed + j (vLLM's parallel sampling). Several prompts: choice index =
+// prompt_index * n + j. At most kMaxChoices choices per request.
+//
+// Errors (ApiError → HTTP status + {"error": {"message", "type", "param",
+// "code"}}):
+//   400 invalid_request_error  malformed JSON / invalid UTF-8 / not an object,
+//       wrong field types, out-of-range values, empty prompt or messages,
+//       prompt + max_tokens over max_model_len (code
+//       "context_length_exceeded"; the message names the prompt's token count,
+//       max_tokens and max_model_len), unsupported fields;
+//   404 invalid_request_error, code "model_not_found": a model other than the
+//       served name (vLLM and OpenAI both answer 404; the body is OpenAI's);
+//   401 (http_server.h), 413, 503, 500 server_error (engine-side failure).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "deepinfer/engine.h"
+#include "server/engine_loop.h"
+
+namespace deepinfer::server {
+
+inline constexpr int kMaxChoices = 256;  // prompts × n per request
+
+// An error answered to the client.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string type, const std::string& message, std::optional<std::string> param = {},
+           std::optional<std::string> code = {})
+      : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)),
+        code(std::move(code)) {}
+  int status;
+  std::string type;  // "invalid_request_error", "server_error", ...
+  std::optional<std::string> param;
+  std::optional<std::string> code;
+};
+
+// {"error": {"message", "type", "param", "code"}} (param/code null when unset).
+nlohmann::json ErrorBody(const ApiError& e);
+// 400 invalid_request_error.
+[[noreturn]] void BadRequest(const std::string& message, std::optional<std::string> param = {},
+                             std::optional<std::string> code = {});
+// A deepinfer::Error from validation below the server (sampler, chat renderer,
+// tokenizer, engine Submit) as a 400 (kInvalidArgument/kOutOfRange) or 500;
+// `param` is the field the message starts with when it is a request field.
+ApiError FromLibraryError(const Error& e, std::optional<std::string> param_hint = {});
+
+// Parses a request body: must be valid UTF-8 JSON holding an object. Throws
+// ApiError 400 otherwise (the message says where parsing failed).
+nlohmann::json ParseJsonBody(const std::string& body);
+
+// What the parser needs to know about the served model.
+struct ModelInfo {
+  std::vector<std::string> served_model_names;  // [0] is reported in responses
+  const Tokenizer* tokenizer = nullptr;
+  std::string model_type;
+  int64_t max_model_len = 0;
+  int64_t max_logprobs = 20;
+  int64_t vocab_size = 0;
+  nlohmann::json default_sampling = nlohmann::json::object();  // the serve command's sampling flags
+  bool default_thinking = false;
+};
+
+// Checks "model" (absent/null = the served model). Throws 400 for a non-string,
+// 404 model_not_found for another name.
+void CheckModel(const nlohmann::json& body, const ModelInfo& info);
+
+enum class Endpoint { kCompletions, kChat };
+
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::vector<std::vector<int32_t>> prompts;  // token ids, one per prompt
+  std::vector<std::string> prompt_texts;      // for echo (completions)
+  SamplingParams params;
+  int n = 1;
+  bool stream = false;
+  bool include_usage = false;
+  bool continuous_usage_stats = false;
+  bool echo = false;
+  bool thinking = false;        // chat: split reasoning_content
+  bool want_logprobs = false;   // params.logprobs is set
+  int num_choices() const { return static_cast<int>(prompts.size()) * n; }
+  // One engine request per choice (see "n > 1" above).
+  std::vector<GenerateRequest> ToGenerateRequests(const std::string& request_id) const;
+};
+
+ParsedRequest ParseCompletionRequest(const nlohmann::json& body, const ModelInfo& info);
+// `ordered_body` is the same body parsed with key order kept (the chat
+// renderer writes tool arguments in the order given).
+ParsedRequest ParseChatRequest(const nlohmann::json& body, const nlohmann::ordered_json& ordered_body,
+                               const ModelInfo& info);
+
+// Splits generated text into reasoning and content at the first "</think>".
+// Streaming-safe: a suffix that may be the start of "</think>" is held back
+// until the next piece (or Flush) decides it.
+class ReasoningSplitter {
+ public:
+  explicit ReasoningSplitter(bool thinking) : in_reasoning_(thinking) {}
+  struct Delta {
+    std::string reasoning, content;
+  };
+  Delta Push(std::string_view text);
+  Delta Flush();
+  bool in_reasoning() const { return in_reasoning_; }
+
+ private:
+  bool in_reasoning_;
+  std::string held_;
+};
+
+// Builds the responses of one request from the engine's outputs: either SSE
+// events (stream) or one final JSON object.
+class ResponseBuilder {
+ public:
+  ResponseBuilder(const ParsedRequest& req, const ModelInfo& info, std::string id, int64_t created);
+  ~ResponseBuilder();
+
+  // Streaming. Prologue(): the events sent before any output (chat: one
+  // {"role": "assistant", "content": ""} delta per choice). OnStreamOutput():
+  // the events for one engine output (possibly empty). Epilogue(): the usage
+  // chunk (if stream_options.include_usage) and "data: [DONE]".
+  std::string Prologue();
+  std::string OnStreamOutput(ChoiceOutput&& o);
+  std::string Epilogue();
+  // Non-streaming: accumulate, then Final().
+  void OnOutput(ChoiceOutput&& o);
+  nlohmann::json Final() const;
+
+  bool done() const { return num_finished_ == static_cast<int>(choices_.size()); }
+  // The first engine-side failure ("error" finish), as a 500 server_error.
+  const std::optional<ApiError>& error() const { return error_; }
+  const std::string& id() const { return id_; }
+
+ private:
+  struct Choice {
+    explicit Choice(bool thinking) : splitter(thinking) {}
+    ReasoningSplitter splitter;
+    std::string content, reasoning;
+    std::vector<int32_t> token_ids;
+    std::vector<LogprobsEntry> logprobs;
+    bool started = false;
+    bool finished = false;
+    std::string finish_reason;
+    nlohmann::json stop_reason;  // null, string or int
+    int64_t text_offset = 0;     // completions logprobs: offset of the next token's text
+  };
+  std::string Event(const nlohmann::json& chunk) const;
+  nlohmann::json Usage() const;
+  nlohmann::json ChunkBase() const;
+  // Applies o to the choice; returns the content / reasoning text that is new.
+  ReasoningSplitter::Delta Apply(Choice& c, ChoiceOutput& o);
+  nlohmann::json CompletionLogprobs(int64_t* text_offset, const std::vector<LogprobsEntry>& entries) const;
+  nlohmann::json ChatLogprobs(const std::vector<LogprobsEntry>& entries) const;
+
+  const ParsedRequest& req_;
+  const ModelInfo& info_;
+  std::string id_;
+  int64_t created_;
+  std::vector<Choice> choices_;
+  int num_finished_ = 0;
+  std::optional<ApiError> error_;
+};
+
+// JSON serialisation used for every response (invalid UTF-8 replaced, never thrown).
+std::string Dump(const nlohmann::json& j);
+
+// "cmpl-" / "chatcmpl-" + 32 random hex digits.
+std::string NewRequestId(const char* prefix);
+
+}  // namespace deepinfer::server

@@ -1,0 +1,493 @@
+// End-to-end tests of `deepinfer serve` with the official `openai` npm client
+// as a real client. Started by tests/cli/server_e2e.sh, which runs the server
+// on the tiny checkpoint (random weights: the text is gibberish, but it is a
+// deterministic function of prompt, parameters and seed) with
+//   --served-model-name tiny --api-key $DEEPINFER_API_KEY --max-model-len 256
+//   --max-num-seqs 16 --max-request-bytes 1000000
+// Environment: DEEPINFER_URL (http://127.0.0.1:PORT), DEEPINFER_API_KEY,
+// DEEPINFER_NPM_DIR (tools/npm, where the npm packages are installed).
+import { test, before } from 'node:test';
+import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+import { execFileSync } from 'node:child_process';
+import path from 'node:path';
+
+const require = createRequire(path.join(process.env.DEEPINFER_NPM_DIR, 'package.json'));
+const { default: OpenAI } = await import(require.resolve('openai'));
+const parsePrometheus = require('parse-prometheus-text-format');
+
+const URL_BASE = process.env.DEEPINFER_URL;
+const API_KEY = process.env.DEEPINFER_API_KEY;
+const MAX_MODEL_LEN = 256;
+const client = new OpenAI({ baseURL: `${URL_BASE}/v1`, apiKey: API_KEY, maxRetries: 0, timeout: 300_000 });
+const AUTH = { Authorization: `Bearer ${API_KEY}` };
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function post(pathname, body, headers = {}) {
+  const r = await fetch(URL_BASE + pathname, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', ...AUTH, ...headers },
+    body: typeof body === 'string' || body instanceof Uint8Array ? body : JSON.stringify(body),
+  });
+  const text = await r.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* not JSON */ }
+  return { status: r.status, json, text };
+}
+
+// ---------------------------------------------------------------------------
+// Prometheus text: the npm parser (parse-prometheus-text-format) plus a strict
+// line grammar check (exposition format 0.0.4), since that parser is lenient.
+const NAME = '[a-zA-Z_:][a-zA-Z0-9_:]*';
+const LABEL = '[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\\\\n]|\\\\[\\\\"n])*"';
+const SAMPLE_RE = new RegExp(`^(${NAME})(\\{(?:${LABEL})(?:,${LABEL})*\\})? (NaN|[+-]Inf|[-+]?[0-9]*\\.?[0-9]+(?:[eE][-+]?[0-9]+)?)$`);
+const HELP_RE = new RegExp(`^# HELP (${NAME}) .*$`);
+const TYPE_RE = new RegExp(`^# TYPE (${NAME}) (counter|gauge|histogram|summary|untyped)$`);
+
+function parseMetrics(text) {
+  assert.ok(text.endsWith('\n'), 'exposition text ends with a newline');
+  const samples = new Map();  // "name{labels}" -> value
+  const types = new Map();
+  for (const line of text.slice(0, -1).split('\n')) {
+    let m;
+    if ((m = TYPE_RE.exec(line))) { types.set(m[1], m[2]); continue; }
+    if (HELP_RE.test(line)) continue;
+    m = SAMPLE_RE.exec(line);
+    assert.ok(m, `invalid exposition line: ${JSON.stringify(line)}`);
+    samples.set(m[1] + (m[2] || ''), Number(m[3]));
+  }
+  const families = parsePrometheus(text);
+  const byName = new Map(families.map((f) => [f.name, f]));
+  return { samples, types, byName };
+}
+
+async function metrics() {
+  const r = await fetch(`${URL_BASE}/metrics`);
+  assert.equal(r.status, 200);
+  assert.match(r.headers.get('content-type'), /^text\/plain/);
+  return parseMetrics(await r.text());
+}
+
+const L = '{model_name="tiny"}';
+const gauge = (m, name) => m.samples.get(`deepinfer:${name}${L}`);
+
+before(async () => {
+  const deadline = Date.now() + 180_000;
+  for (;;) {
+    try {
+      const r = await fetch(`${URL_BASE}/health`);
+      if (r.status === 200) return;
+      assert.equal(r.status, 503, 'health answers 503 while loading');
+    } catch (e) {
+      if (Date.now() > deadline) throw e;
+    }
+    if (Date.now() > deadline) throw new Error('server not healthy in 180 s');
+    await sleep(200);
+  }
+});
+
+// Greedy completion of a token prompt, used as the reference for chat.
+async function greedyCompletion(prompt, maxTokens) {
+  const r = await client.completions.create({ model: 'tiny', prompt, max_tokens: maxTokens, temperature: 0 });
+  return r.choices[0].text;
+}
+
+test('models, health, tokenize and detokenize', async () => {
+  const models = await client.models.list();
+  assert.equal(models.data.length, 1);
+  assert.equal(models.data[0].id, 'tiny');
+  assert.equal(models.data[0].max_model_len, MAX_MODEL_LEN);
+  assert.equal((await fetch(`${URL_BASE}/health`)).status, 200);
+  const t = await post('/tokenize', { prompt: 'Hello world, hello!' });
+  assert.equal(t.status, 200);
+  assert.equal(t.json.count, t.json.tokens.length);
+  assert.equal(t.json.tokens[0], 0, 'BOS first');
+  const d = await post('/detokenize', { tokens: t.json.tokens.slice(1) });
+  assert.equal(d.status, 200);
+  assert.equal(d.json.prompt, 'Hello world, hello!');
+});
+
+test('completion: text, usage, echo, token-id prompt', async () => {
+  const prompt = 'The quick brown fox';
+  const r = await client.completions.create({ model: 'tiny', prompt, max_tokens: 8, temperature: 0 });
+  assert.equal(r.object, 'text_completion');
+  assert.match(r.id, /^cmpl-/);
+  assert.equal(r.choices.length, 1);
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(typeof r.choices[0].text, 'string');
+  assert.ok(r.choices[0].text.length > 0);
+  const tok = await post('/tokenize', { prompt });
+  assert.equal(r.usage.prompt_tokens, tok.json.count);
+  assert.equal(r.usage.completion_tokens, 8);
+  assert.equal(r.usage.total_tokens, tok.json.count + 8);
+  // The same prompt as token ids gives the same text.
+  const ids = await client.completions.create({ model: 'tiny', prompt: tok.json.tokens, max_tokens: 8, temperature: 0 });
+  assert.equal(ids.choices[0].text, r.choices[0].text);
+  // echo prepends the prompt.
+  const e = await client.completions.create({ model: 'tiny', prompt, max_tokens: 8, temperature: 0, echo: true });
+  assert.equal(e.choices[0].text, prompt + r.choices[0].text);
+  // Two prompts in one request: choice i belongs to prompt i.
+  const two = await client.completions.create({ model: 'tiny', prompt: [prompt, 'Another one'], max_tokens: 8, temperature: 0 });
+  assert.equal(two.choices.length, 2);
+  assert.equal(two.choices[0].text, r.choices[0].text);
+  assert.equal(two.choices[1].text, await greedyCompletion('Another one', 8));
+});
+
+test('chat: rendered with the DeepSeek format; thinking goes to reasoning_content', async () => {
+  const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'What is 2+2?' }];
+  const r = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 10, temperature: 0 });
+  assert.equal(r.object, 'chat.completion');
+  assert.match(r.id, /^chatcmpl-/);
+  assert.equal(r.choices[0].message.role, 'assistant');
+  // Reference: the rendered prompt's token ids through /v1/completions.
+  const tok = await post('/tokenize', { messages });
+  assert.equal(tok.status, 200);
+  assert.equal(r.usage.prompt_tokens, tok.json.count);
+  assert.equal(r.choices[0].message.content, await greedyCompletion(tok.json.tokens, 10));
+  const rendered = (await post('/detokenize', { tokens: tok.json.tokens })).json.prompt;
+  assert.ok(rendered.endsWith('<｜User｜>What is 2+2?<｜Assistant｜></think>'), rendered);
+
+  // Thinking mode: the prompt ends with <think>; the output (no </think> from
+  // a random model in 10 tokens) is reasoning.
+  const kw = { thinking: true };
+  const th = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 10, temperature: 0, chat_template_kwargs: kw });
+  const ttok = await post('/tokenize', { messages, chat_template_kwargs: kw });
+  const trendered = (await post('/detokenize', { tokens: ttok.json.tokens })).json.prompt;
+  assert.ok(trendered.endsWith('<｜Assistant｜><think>'), trendered);
+  const ref = await greedyCompletion(ttok.json.tokens, 10);
+  const i = ref.indexOf('</think>');
+  const [reasoning, content] = i < 0 ? [ref, ''] : [ref.slice(0, i), ref.slice(i + '</think>'.length)];
+  assert.equal(th.choices[0].message.reasoning_content, reasoning);
+  assert.equal(th.choices[0].message.content, content);
+});
+
+async function collectCompletionStream(params) {
+  const stream = await client.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
+  let text = ''; let finish = null; let usage = null; let chunks = 0;
+  for await (const c of stream) {
+    chunks++;
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) {
+      assert.equal(ch.index, 0);
+      text += ch.text;
+      if (ch.finish_reason) finish = ch.finish_reason;
+    }
+  }
+  return { text, finish, usage, chunks };
+}
+
+test('streaming equals non-streaming (completions and chat)', async () => {
+  const params = { model: 'tiny', prompt: 'Once upon a time', max_tokens: 10, temperature: 0.8, seed: 42 };
+  const whole = await client.completions.create(params);
+  const s = await collectCompletionStream(params);
+  assert.equal(s.text, whole.choices[0].text);
+  assert.equal(s.finish, 'length');
+  assert.deepEqual(s.usage, whole.usage);
+  assert.ok(s.chunks >= 3, `tokens arrive in several chunks (${s.chunks})`);
+
+  const cp = { model: 'tiny', messages: [{ role: 'user', content: 'Tell me a story' }], max_tokens: 10, temperature: 0.8, seed: 7 };
+  const cw = await client.chat.completions.create(cp);
+  const stream = await client.chat.completions.create({ ...cp, stream: true, stream_options: { include_usage: true } });
+  let content = ''; let role = null; let finish = null; let usage = null;
+  for await (const c of stream) {
+    assert.equal(c.object, 'chat.completion.chunk');
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) {
+      if (ch.delta.role) role = ch.delta.role;
+      if (ch.delta.content) content += ch.delta.content;
+      if (ch.finish_reason) finish = ch.finish_reason;
+    }
+  }
+  assert.equal(role, 'assistant');
+  assert.equal(content, cw.choices[0].message.content);
+  assert.equal(finish, cw.choices[0].finish_reason);
+  assert.deepEqual(usage, cw.usage);
+});
+
+test('logprobs and top_logprobs', async () => {
+  const r = await client.completions.create({ model: 'tiny', prompt: 'Logprobs please', max_tokens: 6, temperature: 0, logprobs: 3 });
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.length, 6);
+  assert.equal(lp.token_logprobs.length, 6);
+  assert.equal(lp.top_logprobs.length, 6);
+  assert.equal(lp.text_offset.length, 6);
+  for (let i = 0; i < 6; i++) {
+    const top = Object.values(lp.top_logprobs[i]);
+    assert.ok(top.length >= 3, 'at least the top 3');
+    assert.ok(lp.token_logprobs[i] <= 0);
+    // Greedy: the chosen token is the most likely one.
+    assert.equal(lp.token_logprobs[i], Math.max(...top));
+    if (i > 0) assert.equal(lp.text_offset[i], lp.text_offset[i - 1] + lp.tokens[i - 1].length);
+  }
+  const c = await client.chat.completions.create({
+    model: 'tiny', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 2,
+  });
+  const content = c.choices[0].logprobs.content;
+  assert.equal(content.length, c.usage.completion_tokens);
+  for (const e of content) {
+    assert.equal(e.top_logprobs.length, 2);
+    assert.equal(e.token, e.top_logprobs[0].token);
+    assert.equal(e.logprob, e.top_logprobs[0].logprob);
+    assert.ok(e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob);
+    assert.ok(Array.isArray(e.bytes) && e.bytes.length > 0);
+  }
+  // Streaming logprobs match the non-streaming ones.
+  const stream = await client.completions.create({ model: 'tiny', prompt: 'Logprobs please', max_tokens: 6, temperature: 0, logprobs: 3, stream: true });
+  const sl = [];
+  for await (const ch of stream) for (const x of ch.choices) if (x.logprobs) sl.push(...x.logprobs.token_logprobs);
+  assert.deepEqual(sl, lp.token_logprobs);
+});
+
+test('stop strings end the text before the match', async () => {
+  const base = { model: 'tiny', prompt: 'Stop test: the', max_tokens: 16, temperature: 0 };
+  const full = (await client.completions.create(base)).choices[0].text;
+  // A 3-character piece whose first occurrence starts at k >= 2.
+  let stop = null; let k = 2;
+  for (; k + 3 <= full.length; k++) {
+    const s = full.slice(k, k + 3);
+    if (full.indexOf(s) === k && s.trim().length > 0 && !s.includes('\uFFFD')) { stop = s; break; }
+  }
+  assert.ok(stop, `no usable stop string in ${JSON.stringify(full)}`);
+  const r = await client.completions.create({ ...base, stop: [stop] });
+  assert.equal(r.choices[0].text, full.slice(0, k));
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  assert.equal(r.choices[0].stop_reason, stop);
+  const inc = await client.completions.create({ ...base, stop, include_stop_str_in_output: true });
+  assert.equal(inc.choices[0].text, full.slice(0, k + 3));
+  // The same through the stream.
+  const s = await collectCompletionStream({ ...base, stop: [stop] });
+  assert.equal(s.text, full.slice(0, k));
+  assert.equal(s.finish, 'stop');
+});
+
+test('seed reproducibility and n', async () => {
+  const p = { model: 'tiny', prompt: 'Random words:', max_tokens: 10, temperature: 1.0, top_p: 0.95 };
+  const a = await client.completions.create({ ...p, seed: 1234 });
+  const b = await client.completions.create({ ...p, seed: 1234 });
+  const c = await client.completions.create({ ...p, seed: 1235 });
+  assert.equal(a.choices[0].text, b.choices[0].text);
+  assert.notEqual(a.choices[0].text, c.choices[0].text);
+  // n = 3 with a seed: choice j uses seed + j.
+  const n = await client.completions.create({ ...p, seed: 1234, n: 3 });
+  assert.equal(n.choices.length, 3);
+  assert.deepEqual(n.choices.map((x) => x.index), [0, 1, 2]);
+  assert.equal(n.choices[0].text, a.choices[0].text);
+  assert.equal(n.choices[1].text, c.choices[0].text);
+  assert.equal(n.usage.completion_tokens, 30);
+  // Chat with n and max_completion_tokens.
+  const ch = await client.chat.completions.create({
+    model: 'tiny', messages: [{ role: 'user', content: 'Hi' }], max_completion_tokens: 4, temperature: 1.0, seed: 9, n: 2,
+  });
+  assert.equal(ch.choices.length, 2);
+  assert.equal(ch.usage.completion_tokens, 8);
+});
+
+test('16 concurrent streams each equal their solo output', { timeout: 600_000 }, async () => {
+  const params = (i) => ({ model: 'tiny', prompt: `Request ${i}: once there was`, max_tokens: 6, temperature: 0.7, seed: 100 + i });
+  const solo = [];
+  for (let i = 0; i < 16; i++) solo.push((await client.completions.create(params(i))).choices[0].text);
+  let maxRunning = 0; let polling = true;
+  const poller = (async () => {
+    while (polling) {
+      const m = await metrics();
+      maxRunning = Math.max(maxRunning, gauge(m, 'num_requests_running'));
+      await sleep(50);
+    }
+  })();
+  const streamed = await Promise.all(Array.from({ length: 16 }, (_, i) => collectCompletionStream(params(i))));
+  polling = false;
+  await poller;
+  for (let i = 0; i < 16; i++) {
+    assert.equal(streamed[i].text, solo[i], `stream ${i}`);
+    assert.equal(streamed[i].usage.completion_tokens, 6);
+  }
+  assert.ok(maxRunning > 1, `requests ran batched (max running ${maxRunning})`);
+});
+
+test('a client that disconnects mid-stream aborts its request; its blocks are freed', { timeout: 300_000 }, async () => {
+  const before = await metrics();
+  const aborts0 = before.samples.get('deepinfer:request_success_total{model_name="tiny",finished_reason="abort"}');
+  const gen0 = before.samples.get(`deepinfer:generation_tokens_total${L}`);
+  const stream = await client.completions.create({
+    model: 'tiny', prompt: 'A very long story:', max_tokens: 200, ignore_eos: true, temperature: 0, stream: true,
+  });
+  let chunks = 0;
+  let sawUsed = false;
+  for await (const c of stream) {
+    if (c.choices.length && ++chunks === 2) {
+      sawUsed = gauge(await metrics(), 'kv_cache_blocks_used') > 0;
+      stream.controller.abort();
+      break;
+    }
+  }
+  assert.equal(chunks, 2);
+  assert.ok(sawUsed, 'the running request held KV blocks');
+  let m;
+  const deadline = Date.now() + 20_000;
+  for (;;) {
+    m = await metrics();
+    const aborts = m.samples.get('deepinfer:request_success_total{model_name="tiny",finished_reason="abort"}');
+    if (aborts === aborts0 + 1 && gauge(m, 'kv_cache_blocks_used') === 0 && gauge(m, 'num_requests_running') === 0) break;
+    assert.ok(Date.now() < deadline, 'blocks not freed within 20 s');
+    await sleep(50);
+  }
+  assert.equal(m.samples.get('deepinfer:request_success_total{model_name="tiny",finished_reason="abort"}'), aborts0 + 1);
+  assert.ok(m.samples.get(`deepinfer:generation_tokens_total${L}`) - gen0 < 200, 'generation stopped early');
+});
+
+// ---------------------------------------------------------------------------
+// Bad requests: [name, path, body, expected status, expected type, expected param (undefined = not checked), headers]
+const C = '/v1/completions';
+const CH = '/v1/chat/completions';
+const msgs = [{ role: 'user', content: 'hi' }];
+const longIds = Array.from({ length: 250 }, (_, i) => 1000 + i);
+const BAD = [
+  ['malformed JSON', C, '{"prompt": "a",', 400, 'invalid_request_error'],
+  ['body is an array', C, '[1, 2, 3]', 400, 'invalid_request_error'],
+  ['empty body', C, '', 400, 'invalid_request_error'],
+  ['invalid UTF-8 byte', C, Buffer.from([0x7b, 0x22, 0x70, 0x72, 0x6f, 0x6d, 0x70, 0x74, 0x22, 0x3a, 0x22, 0xff, 0xfe, 0x22, 0x7d]), 400, 'invalid_request_error'],
+  ['lone UTF-16 surrogate escape', C, '{"prompt": "\\ud800"}', 400, 'invalid_request_error'],
+  ['prompt missing', C, { model: 'tiny' }, 400, 'invalid_request_error', 'prompt'],
+  ['prompt empty string', C, { prompt: '' }, 400, 'invalid_request_error', 'prompt'],
+  ['prompt empty list', C, { prompt: [] }, 400, 'invalid_request_error', 'prompt'],
+  ['prompt is a number', C, { prompt: 5 }, 400, 'invalid_request_error', 'prompt'],
+  ['prompt list of empty list', C, { prompt: [[]] }, 400, 'invalid_request_error', 'prompt'],
+  ['prompt list of objects', C, { prompt: [{}] }, 400, 'invalid_request_error', 'prompt'],
+  ['token id past the vocabulary', C, { prompt: [1, 999999] }, 400, 'invalid_request_error', 'prompt'],
+  ['negative token id', C, { prompt: [-1] }, 400, 'invalid_request_error', 'prompt'],
+  ['unknown model', C, { model: 'gpt-4', prompt: 'a' }, 404, 'invalid_request_error', 'model'],
+  ['model not a string', C, { model: 5, prompt: 'a' }, 400, 'invalid_request_error', 'model'],
+  ['max_tokens 0', C, { prompt: 'a', max_tokens: 0 }, 400, 'invalid_request_error', 'max_tokens'],
+  ['max_tokens negative', C, { prompt: 'a', max_tokens: -5 }, 400, 'invalid_request_error', 'max_tokens'],
+  ['max_tokens a string', C, { prompt: 'a', max_tokens: 'ten' }, 400, 'invalid_request_error', 'max_tokens'],
+  ['max_tokens fractional', C, { prompt: 'a', max_tokens: 1.5 }, 400, 'invalid_request_error', 'max_tokens'],
+  ['prompt + max_tokens over max_model_len', C, { prompt: 'hello', max_tokens: 300 }, 400, 'invalid_request_error', 'prompt'],
+  ['long prompt + default max_tokens over max_model_len', C, { prompt: longIds }, 400, 'invalid_request_error', 'prompt'],
+  ['temperature negative', C, { prompt: 'a', temperature: -1 }, 400, 'invalid_request_error', 'temperature'],
+  ['temperature a string', C, { prompt: 'a', temperature: 'hot' }, 400, 'invalid_request_error', 'temperature'],
+  ['top_p 0', C, { prompt: 'a', top_p: 0 }, 400, 'invalid_request_error', 'top_p'],
+  ['top_p above 1', C, { prompt: 'a', top_p: 1.5 }, 400, 'invalid_request_error', 'top_p'],
+  ['top_k -2', C, { prompt: 'a', top_k: -2 }, 400, 'invalid_request_error', 'top_k'],
+  ['min_p above 1', C, { prompt: 'a', min_p: 2 }, 400, 'invalid_request_error', 'min_p'],
+  ['presence_penalty above 2', C, { prompt: 'a', presence_penalty: 3 }, 400, 'invalid_request_error', 'presence_penalty'],
+  ['frequency_penalty below -2', C, { prompt: 'a', frequency_penalty: -3 }, 400, 'invalid_request_error', 'frequency_penalty'],
+  ['repetition_penalty 0', C, { prompt: 'a', repetition_penalty: 0 }, 400, 'invalid_request_error', 'repetition_penalty'],
+  ['logit_bias key not a token id', C, { prompt: 'a', logit_bias: { abc: 1 } }, 400, 'invalid_request_error', 'logit_bias'],
+  ['logit_bias value out of range', C, { prompt: 'a', logit_bias: { 5: 500 } }, 400, 'invalid_request_error', 'logit_bias'],
+  ['logprobs above max_logprobs', C, { prompt: 'a', logprobs: 50 }, 400, 'invalid_request_error', 'logprobs'],
+  ['logprobs boolean in completions', C, { prompt: 'a', logprobs: true }, 400, 'invalid_request_error', 'logprobs'],
+  ['n 0', C, { prompt: 'a', n: 0 }, 400, 'invalid_request_error', 'n'],
+  ['n a string', C, { prompt: 'a', n: 'two' }, 400, 'invalid_request_error', 'n'],
+  ['stop empty string', C, { prompt: 'a', stop: [''] }, 400, 'invalid_request_error', 'stop'],
+  ['stop a number', C, { prompt: 'a', stop: 5 }, 400, 'invalid_request_error', 'stop'],
+  ['seed a string', C, { prompt: 'a', seed: 'x' }, 400, 'invalid_request_error', 'seed'],
+  ['stream not a boolean', C, { prompt: 'a', stream: 'yes' }, 400, 'invalid_request_error', 'stream'],
+  ['stream_options without stream', C, { prompt: 'a', stream_options: { include_usage: true } }, 400, 'invalid_request_error', 'stream_options'],
+  ['suffix unsupported', C, { prompt: 'a', suffix: 'b' }, 400, 'invalid_request_error', 'suffix'],
+  ['min_tokens above max_tokens', C, { prompt: 'a', max_tokens: 2, min_tokens: 5 }, 400, 'invalid_request_error', 'min_tokens'],
+  ['stop_token_ids negative', C, { prompt: 'a', stop_token_ids: [-1] }, 400, 'invalid_request_error', 'stop_token_ids'],
+  ['echo with logprobs', C, { prompt: 'a', echo: true, logprobs: 1 }, 400, 'invalid_request_error', 'echo'],
+  ['oversized body', C, JSON.stringify({ prompt: 'x'.repeat(1_200_000) }), 413, 'invalid_request_error'],
+  ['chat: messages missing', CH, { model: 'tiny' }, 400, 'invalid_request_error', 'messages'],
+  ['chat: messages empty', CH, { messages: [] }, 400, 'invalid_request_error', 'messages'],
+  ['chat: messages a string', CH, { messages: 'hi' }, 400, 'invalid_request_error', 'messages'],
+  ['chat: unknown role', CH, { messages: [{ role: 'wizard', content: 'x' }] }, 400, 'invalid_request_error', 'messages'],
+  ['chat: logprobs not boolean', CH, { messages: msgs, logprobs: 'yes' }, 400, 'invalid_request_error', 'logprobs'],
+  ['chat: top_logprobs without logprobs', CH, { messages: msgs, top_logprobs: 2 }, 400, 'invalid_request_error', 'top_logprobs'],
+  ['chat: top_logprobs too large', CH, { messages: msgs, logprobs: true, top_logprobs: 30 }, 400, 'invalid_request_error', 'top_logprobs'],
+  ['chat: max_completion_tokens 0', CH, { messages: msgs, max_completion_tokens: 0 }, 400, 'invalid_request_error', 'max_completion_tokens'],
+  ['chat: over max_model_len', CH, { messages: msgs, max_tokens: 1000 }, 400, 'invalid_request_error', 'messages'],
+  ['chat: tools unsupported', CH, { messages: msgs, tools: [{ type: 'function', function: { name: 'f' } }] }, 400, 'invalid_request_error', 'tools'],
+  ['chat: response_format json_object', CH, { messages: msgs, response_format: { type: 'json_object' } }, 400, 'invalid_request_error', 'response_format'],
+  ['chat: chat_template_kwargs not an object', CH, { messages: msgs, chat_template_kwargs: 'x' }, 400, 'invalid_request_error', 'chat_template_kwargs'],
+  ['chat: unknown model', CH, { model: 'nope', messages: msgs }, 404, 'invalid_request_error', 'model'],
+  ['missing API key', C, { prompt: 'a' }, 401, 'invalid_request_error', undefined, { Authorization: '' }],
+  ['wrong API key', C, { prompt: 'a' }, 401, 'invalid_request_error', undefined, { Authorization: 'Bearer wrong' }],
+  ['unknown route', '/v1/nothing', {}, 404, 'invalid_request_error'],
+  ['detokenize id out of range', '/detokenize', { tokens: [-1] }, 400, 'invalid_request_error', 'tokens'],
+  ['tokenize without prompt or messages', '/tokenize', {}, 400, 'invalid_request_error'],
+];
+
+test(`a table of ${BAD.length} bad requests, then the server still answers correctly`, { timeout: 300_000 }, async () => {
+  assert.ok(BAD.length >= 40);
+  const before = await client.completions.create({ model: 'tiny', prompt: 'Still alive?', max_tokens: 6, temperature: 0 });
+  for (const [name, pathname, body, status, type, param, headers] of BAD) {
+    const r = await post(pathname, body, headers || {});
+    assert.equal(r.status, status, `${name}: status (body ${r.text.slice(0, 200)})`);
+    assert.ok(r.json && r.json.error, `${name}: OpenAI error body`);
+    const e = r.json.error;
+    assert.equal(e.type, type, `${name}: type`);
+    assert.equal(typeof e.message, 'string', `${name}: message`);
+    assert.ok(e.message.length > 0, `${name}: message`);
+    assert.ok('param' in e && 'code' in e, `${name}: param and code keys`);
+    if (param !== undefined) assert.equal(e.param, param, `${name}: param (${e.message})`);
+  }
+  // The over-length message names the prompt's token count, max_tokens and max_model_len.
+  const r = await post(C, { prompt: 'hello', max_tokens: 300 });
+  const n = (await post('/tokenize', { prompt: 'hello' })).json.count;
+  assert.equal(r.json.error.code, 'context_length_exceeded');
+  assert.match(r.json.error.message, new RegExp(`\\b${n} in the prompt\\b`));
+  assert.match(r.json.error.message, /\b300\b/);
+  assert.match(r.json.error.message, /\b256\b/);
+  // The openai client surfaces these as typed errors.
+  await assert.rejects(client.completions.create({ model: 'tiny', prompt: 'a', top_p: 7 }), (e) => e instanceof OpenAI.BadRequestError && e.status === 400);
+  await assert.rejects(client.completions.create({ model: 'other', prompt: 'a' }), (e) => e instanceof OpenAI.NotFoundError);
+  const anon = new OpenAI({ baseURL: `${URL_BASE}/v1`, apiKey: 'bad-key', maxRetries: 0 });
+  await assert.rejects(anon.models.list(), (e) => e instanceof OpenAI.AuthenticationError);
+  // Still serving, with the same answer as before.
+  const after = await client.completions.create({ model: 'tiny', prompt: 'Still alive?', max_tokens: 6, temperature: 0 });
+  assert.equal(after.choices[0].text, before.choices[0].text);
+  const m = await metrics();
+  assert.equal(gauge(m, 'num_requests_running'), 0);
+  assert.equal(gauge(m, 'kv_cache_blocks_used'), 0);
+});
+
+test('/metrics parses as Prometheus text with the expected families', async () => {
+  const m = await metrics();
+  const expect = {
+    'deepinfer:num_requests_running': 'gauge',
+    'deepinfer:num_requests_waiting': 'gauge',
+    'deepinfer:kv_cache_blocks_used': 'gauge',
+    'deepinfer:kv_cache_blocks_total': 'gauge',
+    'deepinfer:prompt_tokens_total': 'counter',
+    'deepinfer:generation_tokens_total': 'counter',
+    'deepinfer:request_success_total': 'counter',
+    'deepinfer:time_to_first_token_seconds': 'histogram',
+    'deepinfer:inter_token_latency_seconds': 'histogram',
+    'deepinfer:e2e_request_latency_seconds': 'histogram',
+  };
+  for (const [name, type] of Object.entries(expect)) {
+    assert.equal(m.types.get(name), type, name);
+    assert.ok(m.byName.has(name), `${name} in the npm parser's output`);
+    assert.equal(m.byName.get(name).type, type.toUpperCase());
+  }
+  assert.ok(gauge(m, 'kv_cache_blocks_total') > 0);
+  assert.ok(m.samples.get(`deepinfer:prompt_tokens_total${L}`) > 0);
+  assert.ok(m.samples.get(`deepinfer:generation_tokens_total${L}`) > 0);
+  for (const h of ['time_to_first_token_seconds', 'inter_token_latency_seconds', 'e2e_request_latency_seconds']) {
+    const fam = m.byName.get(`deepinfer:${h}`);
+    // (JavaScript orders integer-like keys first, so sort by bound.)
+    const buckets = Object.entries(fam.metrics[0].buckets)
+      .map(([le, v]) => [le === '+Inf' ? Infinity : Number(le), Number(v)])
+      .sort((a, b) => a[0] - b[0]);
+    assert.ok(buckets.length >= 10, `${h}: buckets`);
+    for (let i = 1; i < buckets.length; i++) {
+      assert.ok(buckets[i][0] > buckets[i - 1][0], `${h}: distinct bounds`);
+      assert.ok(buckets[i][1] >= buckets[i - 1][1], `${h}: cumulative counts`);
+    }
+    const count = m.samples.get(`deepinfer:${h}_count${L}`);
+    assert.equal(buckets.at(-1)[0], Infinity);
+    assert.equal(buckets.at(-1)[1], count, `${h}: +Inf bucket == count`);
+    assert.ok(count > 0, `${h}: observed`);
+    assert.ok(m.samples.get(`deepinfer:${h}_sum${L}`) > 0);
+  }
+  // Every request so far finished (stop, length or abort); errors none.
+  assert.equal(m.samples.get('deepinfer:request_success_total{model_name="tiny",finished_reason="error"}'), 0);
+  // promtool, when installed, must accept the text too.
+  let promtool = null;
+  try { promtool = execFileSync('sh', ['-c', 'command -v promtool'], { encoding: 'utf8' }).trim(); } catch { /* absent */ }
+  if (promtool) {
+    const text = await (await fetch(`${URL_BASE}/metrics`)).text();
+    execFileSync(promtool, ['check', 'metrics'], { input: text });
+  }
+});

