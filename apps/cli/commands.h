@@ -8,6 +8,7 @@
 namespace deepinfer::cli {
 
 void RegisterVersion(CLI::App& app);
+void RegisterMakeTiny(CLI::App& app);   // cmd_make_tiny.cc
 void RegisterInspect(CLI::App& app);    // cmd_inspect.cc
 void RegisterTokenize(CLI::App& app);    // cmd_tokenize.cc: deepinfer tokenize --model DIR
 void RegisterDetokenize(CLI::App& app);  // cmd_tokenize.cc: deepinfer detokenize --model DIR

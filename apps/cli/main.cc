@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   CLI::App app{"deepinfer — inference engine for DeepSeek-V4-family models"};
   app.require_subcommand(1);
   deepinfer::cli::RegisterVersion(app);
+  deepinfer::cli::RegisterMakeTiny(app);
   deepinfer::cli::RegisterInspect(app);
   deepinfer::cli::RegisterTokenize(app);
   deepinfer::cli::RegisterDetokenize(app);

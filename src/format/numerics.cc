@@ -76,14 +76,17 @@ float E8M0ToFloat(uint8_t b) {
 }
 
 uint8_t DoubleToE2M1(double x) {
-  static constexpr double kMids[7] = {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0};
-  static constexpr bool kTieUp[7] = {false, true, false, true, false, true, false};
+  // Midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0 between neighbouring
+  // magnitudes; at a tie the upper neighbour is taken when its index is even
+  // (>=), else the lower one (>). Written as a sum of comparisons so that it
+  // compiles without branches (random data made the loop form mispredict).
   const uint8_t sign = std::signbit(x) ? 0x8 : 0x0;
   double a = std::fabs(x);
   if (std::isnan(a)) a = 0.0;
   a = std::min(a, 6.0);
-  uint8_t code = 0;
-  for (int i = 0; i < 7; ++i) code += (a > kMids[i]) || (a == kMids[i] && kTieUp[i]);
+  const int code = static_cast<int>(a > 0.25) + static_cast<int>(a >= 0.75) + static_cast<int>(a > 1.25) +
+                   static_cast<int>(a >= 1.75) + static_cast<int>(a > 2.5) + static_cast<int>(a >= 3.5) +
+                   static_cast<int>(a > 5.0);
   return static_cast<uint8_t>(code | sign);
 }
 

@@ -1,0 +1,1346 @@
+// deepinfer/tools/make_tiny.cc — see make_tiny.h. Spec: shared/golden/TINY_V41_SPEC.md.
+#include "tools/make_tiny.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <utility>
+
+#include <omp.h>
+
+#include "base/error.h"
+#include "format/dtype.h"
+#include "format/numerics.h"
+#include "tokenizer/tiny_tokenizer_files.h"
+
+namespace deepinfer::tiny {
+namespace {
+
+constexpr int kBlock = 32;  // FP8 weight blocks 32×32; FP4 / Engram groups of 32
+
+// ============================================================================
+// The golden config files (exact bytes written by make_tiny_v41.py for the
+// default tiny config; spec §1 says the configs are data).
+// ============================================================================
+constexpr std::string_view kGoldenInferenceConfig = R"json({
+  "vocab_size": 129280,
+  "dim": 64,
+  "moe_inter_dim": 64,
+  "n_layers": 8,
+  "n_mtp_layers": 2,
+  "n_heads": 4,
+  "head_dim": 128,
+  "rope_head_dim": 64,
+  "q_lora_rank": 64,
+  "o_groups": 2,
+  "o_lora_rank": 64,
+  "window_size": 16,
+  "compress_ratios": [
+    0,
+    0,
+    2,
+    2,
+    1,
+    1,
+    1,
+    1,
+    0,
+    0
+  ],
+  "kv_source_layers": [
+    2,
+    4
+  ],
+  "index_source_layers": [
+    2,
+    4,
+    6
+  ],
+  "candidate_source_layer": 4,
+  "candidate_topk_blocks": 4,
+  "candidate_block_size": 4,
+  "index_n_heads": 2,
+  "index_head_dim": 128,
+  "index_topk": 8,
+  "n_routed_experts": 8,
+  "n_activated_experts": 2,
+  "n_shared_experts": 1,
+  "score_func": "sqrtsoftplus",
+  "gate_temp": 1.0,
+  "norm_topk_prob": true,
+  "route_scale": 1.5,
+  "swiglu_limit": 10.0,
+  "norm_eps": 1e-20,
+  "hc_mult": 4,
+  "hc_sinkhorn_iters": 20,
+  "hc_eps": 1e-06,
+  "rope_theta": 10000,
+  "compress_rope_theta": 160000,
+  "original_seq_len": 65536,
+  "rope_factor": 16,
+  "beta_fast": 32,
+  "beta_slow": 1,
+  "engram_layer_ids": [
+    1,
+    2
+  ],
+  "engram_num_embeddings": [
+    2132,
+    2260
+  ],
+  "engram_max_ngram_size": 3,
+  "engram_vocab_size": 512,
+  "engram_n_heads": 2,
+  "engram_head_dim": 32,
+  "engram_pad_id": 2,
+  "engram_compressed_vocab_size": 99092,
+  "dspark_block_size": 3,
+  "dspark_noise_token_id": 128799,
+  "dspark_target_layer_ids": [
+    6,
+    7
+  ],
+  "dspark_markov_rank": 16,
+  "dspark_n_routed_experts": 4,
+  "dspark_n_activated_experts": 2,
+  "vision_n_layers": 0,
+  "image_token_id": 129264,
+  "dtype": "fp8",
+  "expert_dtype": "fp4"
+}
+)json";
+
+constexpr std::string_view kGoldenHfConfig = R"json({
+  "architectures": [
+    "DeepseekV41ForCausalLM"
+  ],
+  "model_type": "deepseek_v41",
+  "dtype": "bfloat16",
+  "bos_token_id": 0,
+  "eos_token_id": 1,
+  "pad_token_id": 2,
+  "image_token_id": 129264,
+  "quantization_config": {
+    "quant_method": "fp8",
+    "activation_scheme": "dynamic",
+    "weight_block_size": [
+      32,
+      32
+    ],
+    "scale_fmt": "ue8m0",
+    "expert_dtype": "fp4"
+  },
+  "text_config": {
+    "model_type": "deepseek_v41_text",
+    "vocab_size": 129280,
+    "hidden_size": 64,
+    "num_hidden_layers": 8,
+    "moe_intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "q_lora_rank": 64,
+    "o_lora_rank": 64,
+    "o_groups": 2,
+    "hidden_act": "silu",
+    "swiglu_limit": 10.0,
+    "rms_norm_eps": 1e-20,
+    "max_position_embeddings": 1048576,
+    "rope_theta": 10000,
+    "compress_rope_theta": 160000,
+    "rope_scaling": {
+      "rope_type": "yarn",
+      "factor": 16,
+      "beta_fast": 32,
+      "beta_slow": 1,
+      "original_max_position_embeddings": 65536
+    },
+    "tie_word_embeddings": false,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "scoring_func": "sqrtsoftplus",
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": true,
+    "routed_scaling_factor": 1.5,
+    "sliding_window": 16,
+    "compress_ratios": [
+      0,
+      0,
+      2,
+      2,
+      1,
+      1,
+      1,
+      1,
+      0,
+      0
+    ],
+    "kv_source_layer_ids": [
+      2,
+      4
+    ],
+    "index_source_layer_ids": [
+      2,
+      4,
+      6
+    ],
+    "index_n_heads": 2,
+    "index_head_dim": 128,
+    "index_topk": 8,
+    "candidate_source_layer_id": 4,
+    "candidate_topk_blocks": 4,
+    "candidate_block_size": 4,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-06,
+    "engram_layer_ids": [
+      1,
+      2
+    ],
+    "engram_num_embeddings": [
+      2132,
+      2260
+    ],
+    "engram_max_ngram_size": 3,
+    "engram_vocab_size": 512,
+    "engram_n_heads": 2,
+    "engram_head_dim": 32,
+    "engram_pad_token_id": 2,
+    "engram_compressed_vocab_size": 99092,
+    "num_nextn_predict_layers": 2,
+    "dspark_block_size": 3,
+    "dspark_noise_token_id": 128799,
+    "dspark_target_layer_ids": [
+      6,
+      7
+    ],
+    "dspark_markov_rank": 16,
+    "dspark_n_routed_experts": 4,
+    "dspark_num_experts_per_tok": 2,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 2
+  }
+}
+)json";
+
+// ============================================================================
+// A JSON emitter that writes what Python's json.dumps(obj, indent=2) writes:
+// insertion-ordered keys, ", " never used (one item per line), ": " after keys,
+// floats in repr() form.
+// ============================================================================
+
+// Python's repr(float): shortest round-trip digits; fixed notation when the
+// decimal exponent is in [-4, 16), else d.ddde±XX; ".0" added to integers.
+std::string PyFloatRepr(double d) {
+  if (d == 0.0) return std::signbit(d) ? "-0.0" : "0.0";
+  std::string sign = d < 0 ? "-" : "";
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, std::fabs(d), std::chars_format::scientific);
+  std::string s(buf, res.ptr);
+  const size_t epos = s.find('e');
+  std::string mant = s.substr(0, epos);
+  const int exp10 = std::stoi(s.substr(epos + 1));
+  std::string digits;
+  for (char ch : mant)
+    if (ch != '.') digits += ch;
+  if (exp10 >= -4 && exp10 < 16) {
+    std::string out;
+    if (exp10 >= 0) {
+      std::string ip = digits.substr(0, std::min<size_t>(digits.size(), exp10 + 1));
+      while (ip.size() < static_cast<size_t>(exp10 + 1)) ip += '0';
+      std::string fp = digits.size() > static_cast<size_t>(exp10 + 1) ? digits.substr(exp10 + 1) : "0";
+      out = ip + "." + fp;
+    } else {
+      out = "0." + std::string(-exp10 - 1, '0') + digits;
+    }
+    return sign + out;
+  }
+  std::string out = digits.substr(0, 1);
+  if (digits.size() > 1) out += "." + digits.substr(1);
+  char eb[16];
+  std::snprintf(eb, sizeof eb, "e%c%02d", exp10 < 0 ? '-' : '+', std::abs(exp10));
+  return sign + out + eb;
+}
+
+struct PyJson {
+  enum Type { kInt, kFloat, kBool, kStr, kArr, kObj } type = kInt;
+  int64_t i = 0;
+  double f = 0;
+  bool b = false;
+  std::string s;
+  std::vector<PyJson> arr;
+  std::vector<std::pair<std::string, PyJson>> obj;
+
+  static PyJson Int(int64_t v) { PyJson j; j.type = kInt; j.i = v; return j; }
+  static PyJson Float(double v) { PyJson j; j.type = kFloat; j.f = v; return j; }
+  static PyJson Bool(bool v) { PyJson j; j.type = kBool; j.b = v; return j; }
+  static PyJson Str(std::string v) { PyJson j; j.type = kStr; j.s = std::move(v); return j; }
+  template <typename T>
+  static PyJson IntList(const std::vector<T>& v) {
+    PyJson j; j.type = kArr;
+    for (auto x : v) j.arr.push_back(Int(static_cast<int64_t>(x)));
+    return j;
+  }
+  static PyJson Obj() { PyJson j; j.type = kObj; return j; }
+  PyJson& Add(std::string key, PyJson v) { obj.emplace_back(std::move(key), std::move(v)); return *this; }
+};
+
+void EmitString(const std::string& s, std::string* out) {
+  *out += '"';
+  for (unsigned char ch : s) {
+    switch (ch) {
+      case '"': *out += "\\\""; break;
+      case '\\': *out += "\\\\"; break;
+      case '\n': *out += "\\n"; break;
+      case '\r': *out += "\\r"; break;
+      case '\t': *out += "\\t"; break;
+      case '\b': *out += "\\b"; break;
+      case '\f': *out += "\\f"; break;
+      default:
+        if (ch < 0x20) {
+          char b[8];
+          std::snprintf(b, sizeof b, "\\u%04x", ch);
+          *out += b;
+        } else {
+          *out += static_cast<char>(ch);
+        }
+    }
+  }
+  *out += '"';
+}
+
+void Emit(const PyJson& j, int depth, std::string* out) {
+  const std::string ind(2 * (depth + 1), ' '), ind0(2 * depth, ' ');
+  switch (j.type) {
+    case PyJson::kInt: *out += std::to_string(j.i); break;
+    case PyJson::kFloat: *out += PyFloatRepr(j.f); break;
+    case PyJson::kBool: *out += j.b ? "true" : "false"; break;
+    case PyJson::kStr: EmitString(j.s, out); break;
+    case PyJson::kArr:
+      if (j.arr.empty()) { *out += "[]"; break; }
+      *out += "[\n";
+      for (size_t k = 0; k < j.arr.size(); ++k) {
+        *out += ind;
+        Emit(j.arr[k], depth + 1, out);
+        *out += k + 1 < j.arr.size() ? ",\n" : "\n";
+      }
+      *out += ind0 + "]";
+      break;
+    case PyJson::kObj:
+      if (j.obj.empty()) { *out += "{}"; break; }
+      *out += "{\n";
+      for (size_t k = 0; k < j.obj.size(); ++k) {
+        *out += ind;
+        EmitString(j.obj[k].first, out);
+        *out += ": ";
+        Emit(j.obj[k].second, depth + 1, out);
+        *out += k + 1 < j.obj.size() ? ",\n" : "\n";
+      }
+      *out += ind0 + "}";
+      break;
+  }
+}
+
+std::string Dump(const PyJson& j) {
+  std::string out;
+  Emit(j, 0, &out);
+  out += "\n";
+  return out;
+}
+
+// ============================================================================
+// Small helpers
+// ============================================================================
+bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+bool IsPrime(int64_t n) {
+  if (n < 2) return false;
+  if (n % 2 == 0) return n == 2;
+  for (int64_t d = 3; d * d <= n; d += 2)
+    if (n % d == 0) return false;
+  return true;
+}
+
+int64_t Numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string ShapeList(const std::vector<int64_t>& s, const char* sep) {
+  std::string out = "[";
+  for (size_t k = 0; k < s.size(); ++k) {
+    if (k) out += sep;
+    out += std::to_string(s[k]);
+  }
+  return out + "]";
+}
+
+std::string ScaleName(const std::string& weight_name) {
+  constexpr std::string_view kW = ".weight";
+  DI_CHECK(weight_name.size() > kW.size() &&
+           weight_name.compare(weight_name.size() - kW.size(), kW.size(), kW) == 0);
+  return weight_name.substr(0, weight_name.size() - kW.size()) + ".scale";
+}
+
+bool IsQuantised(TinyKind k) {
+  return k == TinyKind::kFp8Block || k == TinyKind::kEngramRows || k == TinyKind::kFp4Rows;
+}
+
+std::vector<int64_t> StoredShape(const PlannedTensor& t) {
+  if (t.kind == TinyKind::kFp4Rows) return {t.shape[0], t.shape[1] / 2};
+  return t.shape;
+}
+
+std::vector<int64_t> ScaleShape(const PlannedTensor& t) {
+  if (t.kind == TinyKind::kFp8Block) return {t.shape[0] / kBlock, t.shape[1] / kBlock};
+  return {t.shape[0], t.shape[1] / kBlock};
+}
+
+DType WeightDType(TinyKind k) {
+  switch (k) {
+    case TinyKind::kBf16: return DType::kBF16;
+    case TinyKind::kF32: return DType::kF32;
+    case TinyKind::kFp8Block:
+    case TinyKind::kEngramRows: return DType::kF8E4M3;
+    case TinyKind::kFp4Rows: return DType::kI8;
+  }
+  return DType::kF32;
+}
+
+// ============================================================================
+// Encoders of one work range. Pure functions of (name hash, index): the output
+// does not depend on how a tensor is split into ranges.
+// ============================================================================
+inline void StoreU16(uint8_t* p, uint16_t v) { p[0] = static_cast<uint8_t>(v); p[1] = static_cast<uint8_t>(v >> 8); }
+inline void StoreU32(uint8_t* p, uint32_t v) {
+  p[0] = static_cast<uint8_t>(v); p[1] = static_cast<uint8_t>(v >> 8);
+  p[2] = static_cast<uint8_t>(v >> 16); p[3] = static_cast<uint8_t>(v >> 24);
+}
+
+// UE8M0 byte for amax·c (spec §3); false if t is not a normal float (the rule
+// then does not apply; never happens for these tensors).
+inline bool ScaleByte(float amax, float c, uint8_t* byte) {
+  const float t = amax * c;
+  if (!(t >= 0x1p-126f)) return false;
+  const uint8_t b = Pow2CeilE8M0(t);
+  if (b == 0xFF) return false;
+  *byte = b;
+  return true;
+}
+
+// Elements [e0, e1) of a BF16 / F32 tensor.
+void EncodeElems(const PlannedTensor& t, uint64_t h, int64_t e0, int64_t e1, uint8_t* data) {
+  if (t.kind == TinyKind::kBf16) {
+    for (int64_t i = e0; i < e1; ++i)
+      StoreU16(data + 2 * i, FloatToBf16(RuleValue(h, static_cast<uint64_t>(i), t.center, t.amp)));
+  } else {
+    for (int64_t i = e0; i < e1; ++i)
+      StoreU32(data + 4 * i, FloatBits(RuleValue(h, static_cast<uint64_t>(i), t.center, t.amp)));
+  }
+}
+
+// Row strips [s0, s1) (32 rows each) of an FP8 block-quantised [out, in] tensor.
+// scratch: 32·in floats.
+bool EncodeFp8Strips(const PlannedTensor& t, uint64_t h, int64_t s0, int64_t s1, uint8_t* data,
+                     uint8_t* scale, float* scratch) {
+  const int64_t in = t.shape[1], nb = in / kBlock;
+  bool ok = true;
+  for (int64_t s = s0; s < s1; ++s) {
+    const uint64_t base = static_cast<uint64_t>(s * kBlock * in);
+    for (int64_t k = 0; k < kBlock * in; ++k) scratch[k] = RuleValue(h, base + k, t.center, t.amp);
+    for (int64_t cb = 0; cb < nb; ++cb) {
+      float amax = 0.0f;
+      for (int r = 0; r < kBlock; ++r) {
+        const float* row = scratch + r * in + cb * kBlock;
+        for (int c = 0; c < kBlock; ++c) amax = std::max(amax, std::fabs(row[c]));
+      }
+      uint8_t sb = 0;
+      ok &= ScaleByte(amax, kInv448, &sb);
+      scale[s * nb + cb] = sb;
+      const double inv = std::ldexp(1.0, 127 - static_cast<int>(sb));  // exact: x = v / 2^(sb−127)
+      for (int r = 0; r < kBlock; ++r) {
+        const float* row = scratch + r * in + cb * kBlock;
+        uint8_t* q = data + (s * kBlock + r) * in + cb * kBlock;
+        for (int c = 0; c < kBlock; ++c) q[c] = DoubleToE4M3(static_cast<double>(row[c]) * inv);
+      }
+    }
+  }
+  return ok;
+}
+
+// Rows [r0, r1) of a row-group tensor (Engram table: E4M3, c = 1/448; FP4
+// expert: packed E2M1, c = 1/6). scratch: `in` floats.
+bool EncodeRows(const PlannedTensor& t, uint64_t h, int64_t r0, int64_t r1, uint8_t* data,
+                uint8_t* scale, float* scratch) {
+  const int64_t in = t.shape[1], ng = in / kBlock;
+  const bool fp4 = t.kind == TinyKind::kFp4Rows;
+  const float c = fp4 ? kInv6 : kInv448;
+  bool ok = true;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint64_t base = static_cast<uint64_t>(r * in);
+    for (int64_t k = 0; k < in; ++k) scratch[k] = RuleValue(h, base + k, t.center, t.amp);
+    for (int64_t g = 0; g < ng; ++g) {
+      const float* v = scratch + g * kBlock;
+      float amax = 0.0f;
+      for (int k = 0; k < kBlock; ++k) amax = std::max(amax, std::fabs(v[k]));
+      uint8_t sb = 0;
+      ok &= ScaleByte(amax, c, &sb);
+      scale[r * ng + g] = sb;
+      const double inv = std::ldexp(1.0, 127 - static_cast<int>(sb));
+      if (fp4) {
+        uint8_t* q = data + r * (in / 2) + g * (kBlock / 2);
+        for (int k = 0; k < kBlock; k += 2) {
+          const uint8_t lo = DoubleToE2M1(static_cast<double>(v[k]) * inv);
+          const uint8_t hi = DoubleToE2M1(static_cast<double>(v[k + 1]) * inv);
+          q[k / 2] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+      } else {
+        uint8_t* q = data + r * in + g * kBlock;
+        for (int k = 0; k < kBlock; ++k) q[k] = DoubleToE4M3(static_cast<double>(v[k]) * inv);
+      }
+    }
+  }
+  return ok;
+}
+
+// One unit of parallel work: a range of one tensor.
+struct WorkItem {
+  int plan = 0;
+  int64_t lo = 0, hi = 0;  // elements (BF16/F32), 32-row strips (FP8), rows (rows kinds)
+};
+
+// Splits every planned tensor into ranges of roughly `target` elements.
+std::vector<WorkItem> MakeWork(const std::vector<PlannedTensor>& plan, int64_t target) {
+  std::vector<WorkItem> work;
+  for (size_t p = 0; p < plan.size(); ++p) {
+    const PlannedTensor& t = plan[p];
+    int64_t units = 0, per_unit = 1;
+    switch (t.kind) {
+      case TinyKind::kBf16:
+      case TinyKind::kF32: units = Numel(t.shape); per_unit = 1; break;
+      case TinyKind::kFp8Block: units = t.shape[0] / kBlock; per_unit = kBlock * t.shape[1]; break;
+      case TinyKind::kEngramRows:
+      case TinyKind::kFp4Rows: units = t.shape[0]; per_unit = t.shape[1]; break;
+    }
+    const int64_t step = std::max<int64_t>(1, target / std::max<int64_t>(1, per_unit));
+    for (int64_t lo = 0; lo < units; lo += step)
+      work.push_back({static_cast<int>(p), lo, std::min(units, lo + step)});
+  }
+  return work;
+}
+
+// Fills the data section: data_base[0 .. layout.data_bytes).
+void FillData(const std::vector<PlannedTensor>& plan, const Layout& layout, uint8_t* data_base) {
+  std::vector<uint8_t*> wptr(plan.size(), nullptr), sptr(plan.size(), nullptr);
+  for (const FileTensor& ft : layout.tensors)
+    (ft.is_scale ? sptr : wptr)[ft.plan_index] = data_base + ft.begin;
+  std::vector<uint64_t> hashes(plan.size());
+  int64_t max_in = 0;
+  for (size_t p = 0; p < plan.size(); ++p) {
+    hashes[p] = Fnv1a64(plan[p].name);
+    if (plan[p].shape.size() == 2) max_in = std::max(max_in, plan[p].shape[1]);
+  }
+  const std::vector<WorkItem> work = MakeWork(plan, int64_t{1} << 18);
+  std::atomic<bool> ok{true};
+#pragma omp parallel
+  {
+    std::vector<float> scratch(static_cast<size_t>(kBlock * std::max<int64_t>(max_in, 1)));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t w = 0; w < static_cast<int64_t>(work.size()); ++w) {
+      const WorkItem& it = work[w];
+      const PlannedTensor& t = plan[it.plan];
+      const uint64_t h = hashes[it.plan];
+      bool good = true;
+      switch (t.kind) {
+        case TinyKind::kBf16:
+        case TinyKind::kF32: EncodeElems(t, h, it.lo, it.hi, wptr[it.plan]); break;
+        case TinyKind::kFp8Block:
+          good = EncodeFp8Strips(t, h, it.lo, it.hi, wptr[it.plan], sptr[it.plan], scratch.data());
+          break;
+        case TinyKind::kEngramRows:
+        case TinyKind::kFp4Rows:
+          good = EncodeRows(t, h, it.lo, it.hi, wptr[it.plan], sptr[it.plan], scratch.data());
+          break;
+      }
+      if (!good) ok.store(false, std::memory_order_relaxed);
+    }
+  }
+  if (!ok.load())
+    Fail(ErrorKind::kInternal, "make-tiny: a quantisation group's amax is too small for the UE8M0 rule");
+}
+
+// ============================================================================
+// Tensor plan (spec §4; block_plan()/full_plan() of the script)
+// ============================================================================
+class Planner {
+ public:
+  explicit Planner(const TinyConfig& c) : c_(c) {}
+  std::vector<PlannedTensor> items;
+
+  void Add(std::string name, TinyKind kind, std::vector<int64_t> shape) {
+    const double amp = LinearAmp(shape.back());
+    items.push_back({std::move(name), kind, std::move(shape), 0.0, amp});
+  }
+  void Add(std::string name, TinyKind kind, std::vector<int64_t> shape, double center, double amp) {
+    items.push_back({std::move(name), kind, std::move(shape), center, amp});
+  }
+  void Norm(std::string name, int64_t dim) { Add(std::move(name), TinyKind::kBf16, {dim}, 1.0, 0.125); }
+
+  void Block(const std::string& pre, int layer_id) {
+    const TinyConfig& c = c_;
+    const int64_t d = c.dim, hd = c.head_dim, nh = c.n_heads, hc = c.hc_mult;
+    const int64_t mix = (2 + hc) * hc;
+    const bool is_mtp = layer_id >= c.n_layers;
+    const int ratio = c.compress_ratios[layer_id];
+    Norm(pre + "attn_norm.weight", d);
+    Norm(pre + "ffn_norm.weight", d);
+    for (const char* site : {"attn", "ffn"}) {
+      Add(pre + "hc_" + site + "_fn", TinyKind::kF32, {mix, hc * d});
+      Add(pre + "hc_" + site + "_base", TinyKind::kF32, {mix}, 0.0, 0.125);
+      Add(pre + "hc_" + site + "_scale", TinyKind::kF32, {3}, 1.0, 0.125);
+    }
+    const std::string a = pre + "attn.";
+    Add(a + "wq_a.weight", TinyKind::kFp8Block, {c.q_lora_rank, d});
+    Norm(a + "q_norm.weight", c.q_lora_rank);
+    Add(a + "wq_b.weight", TinyKind::kFp8Block, {nh * hd, c.q_lora_rank});
+    Add(a + "wkv.weight", TinyKind::kFp8Block, {hd, d});
+    Norm(a + "kv_norm.weight", hd);
+    Add(a + "wo_a.weight", TinyKind::kFp8Block, {c.o_groups * c.o_lora_rank, nh * hd / c.o_groups});
+    Add(a + "wo_b.weight", TinyKind::kFp8Block, {d, c.o_groups * c.o_lora_rank});
+    Add(a + "attn_sink", TinyKind::kF32, {nh}, 0.0, 0.5);
+    if (!is_mtp && Contains(c.kv_source_layers, layer_id)) {
+      Add(a + "compressor.wkv.weight", TinyKind::kBf16, {hd, d});
+      if (ratio > 1) Add(a + "compressor.wgate.weight", TinyKind::kBf16, {hd, d});
+      Norm(a + "compressor.norm.weight", hd);
+      Add(a + "indexer.wk.weight", TinyKind::kBf16, {c.index_head_dim, hd});
+      Norm(a + "indexer.k_norm.weight", c.index_head_dim);
+    }
+    if (!is_mtp && Contains(c.index_source_layers, layer_id)) {
+      Add(a + "indexer.wq_b.weight", TinyKind::kFp8Block, {c.index_n_heads * c.index_head_dim, c.q_lora_rank});
+      Add(a + "indexer.weights_proj.weight", TinyKind::kBf16, {c.index_n_heads, d});
+    }
+    const int n_exp = is_mtp ? c.dspark_n_routed_experts : c.n_routed_experts;
+    const std::string f = pre + "ffn.";
+    Add(f + "gate.weight", TinyKind::kBf16, {n_exp, d});
+    Add(f + "gate.bias", TinyKind::kF32, {n_exp}, 0.0, 0.125);
+    Add(f + "gate.bias_vl", TinyKind::kF32, {n_exp}, 0.0, 0.125);
+    const int64_t inter = c.moe_inter_dim;
+    for (int e = 0; e < n_exp; ++e) {
+      const std::string x = f + "experts." + std::to_string(e) + ".";
+      Add(x + "w1.weight", TinyKind::kFp4Rows, {inter, d});
+      Add(x + "w2.weight", TinyKind::kFp4Rows, {d, inter});
+      Add(x + "w3.weight", TinyKind::kFp4Rows, {inter, d});
+    }
+    Add(f + "shared_experts.w1.weight", TinyKind::kFp8Block, {inter, d});
+    Add(f + "shared_experts.w2.weight", TinyKind::kFp8Block, {d, inter});
+    Add(f + "shared_experts.w3.weight", TinyKind::kFp8Block, {inter, d});
+    if (!is_mtp && Contains(c.engram_layer_ids, layer_id)) {
+      const size_t k = std::find(c.engram_layer_ids.begin(), c.engram_layer_ids.end(), layer_id) -
+                       c.engram_layer_ids.begin();
+      const std::string g = pre + "engram.";
+      const int64_t n_cols = static_cast<int64_t>(c.engram_max_ngram_size - 1) * c.engram_n_heads;
+      Add(g + "embed.weight", TinyKind::kEngramRows, {c.engram_num_embeddings[k], c.engram_head_dim}, 0.0, 1.0);
+      Add(g + "wkv.weight", TinyKind::kFp8Block, {d * (hc + 1), n_cols * c.engram_head_dim});
+      Add(g + "q_weight", TinyKind::kBf16, {hc, d}, 1.0, 0.125);
+      Add(g + "k_weight", TinyKind::kBf16, {hc, d}, 1.0, 0.125);
+    }
+  }
+
+  void Full() {
+    const TinyConfig& c = c_;
+    const int64_t d = c.dim, v = c.vocab_size;
+    Add("embed.weight", TinyKind::kBf16, {v, d}, 0.0, 1.0);
+    Add("head.weight", TinyKind::kBf16, {v, d}, 0.0, 0.5);
+    Norm("norm.weight", d);
+    for (int i = 0; i < c.n_layers; ++i) Block("layers." + std::to_string(i) + ".", i);
+    for (int s = 0; s < c.n_mtp_layers; ++s) {
+      const std::string pre = "mtp." + std::to_string(s) + ".";
+      Block(pre, c.n_layers + s);
+      if (s == 0) {
+        Add(pre + "main_proj.weight", TinyKind::kFp8Block,
+            {d, d * static_cast<int64_t>(c.dspark_target_layer_ids.size())});
+        Norm(pre + "main_norm.weight", d);
+      }
+      if (s == c.n_mtp_layers - 1) {
+        const int64_t r = c.dspark_markov_rank;
+        Norm(pre + "norm.weight", d);
+        Add(pre + "markov_head.embed.weight", TinyKind::kBf16, {v, r}, 0.0, 1.0);
+        Add(pre + "markov_head.head.weight", TinyKind::kBf16, {v, r});
+        Add(pre + "confidence_head.proj.weight", TinyKind::kBf16, {1, d + r});
+      }
+    }
+  }
+
+ private:
+  const TinyConfig& c_;
+};
+
+// ============================================================================
+// Files
+// ============================================================================
+void WriteWholeFile(const std::filesystem::path& path, std::string_view bytes) {
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) Fail(ErrorKind::kInvalidArgument, "cannot create {}: {}", tmp.string(), std::strerror(errno));
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    f.close();
+    if (!f) Fail(ErrorKind::kResourceExhausted, "cannot write {}", tmp.string());
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) Fail(ErrorKind::kInvalidArgument, "cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message());
+}
+
+void WriteSafetensors(const std::vector<PlannedTensor>& plan, const Layout& layout,
+                      const std::filesystem::path& path) {
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  const uint64_t total = layout.file_bytes();
+  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) Fail(ErrorKind::kInvalidArgument, "cannot create {}: {}", tmp.string(), std::strerror(errno));
+  auto fail_close = [&](const char* what) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    Fail(ErrorKind::kResourceExhausted, "cannot write {} ({} bytes): {}: {}", tmp.string(), total, what,
+         std::strerror(err));
+  };
+  if (::ftruncate(fd, static_cast<off_t>(total)) != 0) fail_close("ftruncate");
+  void* map = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map != MAP_FAILED) {
+    // Make sure the blocks exist (a full disk then fails here, not as SIGBUS).
+    if (::posix_fallocate(fd, 0, static_cast<off_t>(total)) != 0) {
+      ::munmap(map, total);
+      errno = ENOSPC;
+      fail_close("posix_fallocate");
+    }
+    uint8_t* base = static_cast<uint8_t*>(map);
+    const uint64_t h = layout.header.size();
+    for (int k = 0; k < 8; ++k) base[k] = static_cast<uint8_t>(h >> (8 * k));
+    std::memcpy(base + 8, layout.header.data(), h);
+    FillData(plan, layout, base + 8 + h);
+    if (::munmap(map, total) != 0) fail_close("munmap");
+  } else {
+    // No mmap on this filesystem: build in memory and write once.
+    std::vector<uint8_t> buf(total);
+    const uint64_t h = layout.header.size();
+    for (int k = 0; k < 8; ++k) buf[k] = static_cast<uint8_t>(h >> (8 * k));
+    std::memcpy(buf.data() + 8, layout.header.data(), h);
+    FillData(plan, layout, buf.data() + 8 + h);
+    uint64_t off = 0;
+    while (off < total) {
+      const ssize_t n = ::pwrite(fd, buf.data() + off, std::min<uint64_t>(total - off, 1u << 30),
+                                 static_cast<off_t>(off));
+      if (n <= 0) fail_close("pwrite");
+      off += static_cast<uint64_t>(n);
+    }
+  }
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    Fail(ErrorKind::kResourceExhausted, "cannot close {}: {}", tmp.string(), std::strerror(errno));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) Fail(ErrorKind::kInvalidArgument, "cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message());
+}
+
+}  // namespace
+
+// ============================================================================
+// Presets
+// ============================================================================
+const char* PresetName(TinyPreset p) {
+  switch (p) {
+    case TinyPreset::kTiny: return "tiny";
+    case TinyPreset::kSmall: return "small";
+    case TinyPreset::kMedium: return "medium";
+    case TinyPreset::kLarge: return "large";
+  }
+  return "?";
+}
+
+TinyPreset ParsePreset(std::string_view name) {
+  for (TinyPreset p : {TinyPreset::kTiny, TinyPreset::kSmall, TinyPreset::kMedium, TinyPreset::kLarge})
+    if (name == PresetName(p)) return p;
+  Fail(ErrorKind::kInvalidArgument, "unknown --preset '{}': expected tiny, small, medium or large", name);
+}
+
+ScheduleShape PresetSchedule(TinyPreset p) {
+  switch (p) {
+    case TinyPreset::kTiny:
+    case TinyPreset::kSmall: return {8, 2, 2, 2, 2, 2};
+    case TinyPreset::kMedium: return {12, 4, 2, 2, 2, 2};
+    case TinyPreset::kLarge: return {16, 6, 3, 2, 3, 3};
+  }
+  return {};
+}
+
+void ApplySchedule(const ScheduleShape& s, TinyConfig* c) {
+  if (s.n_layers < 4)
+    Fail(ErrorKind::kInvalidArgument, "n_layers {} is too small: a V4.1 schedule needs at least 4 layers "
+         "(2 SWA, 1 ratio-2, 1 ratio-1)", s.n_layers);
+  if (s.n_ratio2 < 1 || s.n_ratio2 > s.n_layers - 3)
+    Fail(ErrorKind::kInvalidArgument, "ratio-2 layer count {} must be in [1, {}] for {} layers", s.n_ratio2,
+         s.n_layers - 3, s.n_layers);
+  if (s.kv_group < 1 || s.reindex_every < 1)
+    Fail(ErrorKind::kInvalidArgument, "kv_group and reindex_every must be >= 1");
+  if (s.n_mtp_layers < 1)
+    Fail(ErrorKind::kInvalidArgument, "n_mtp_layers {} must be >= 1 (DSpark blocks)", s.n_mtp_layers);
+  const int n = s.n_layers, d0 = 2 + s.n_ratio2;
+  if (s.n_dspark_targets < 1 || s.n_dspark_targets > n - d0)
+    Fail(ErrorKind::kInvalidArgument, "DSpark target count {} must be in [1, {}]", s.n_dspark_targets, n - d0);
+  c->n_layers = n;
+  c->n_mtp_layers = s.n_mtp_layers;
+  c->compress_ratios.assign(n + s.n_mtp_layers, 0);
+  c->kv_source_layers.clear();
+  c->index_source_layers.clear();
+  for (int i = 2; i < n; ++i) c->compress_ratios[i] = i < d0 ? 2 : 1;
+  for (int i = 2; i < d0; i += s.kv_group) {
+    c->kv_source_layers.push_back(i);
+    c->index_source_layers.push_back(i);
+  }
+  c->kv_source_layers.push_back(d0);
+  for (int i = d0; i < n; i += s.reindex_every) c->index_source_layers.push_back(i);
+  c->candidate_source_layer = d0;
+  c->dspark_target_layer_ids.clear();
+  for (int i = n - s.n_dspark_targets; i < n; ++i) c->dspark_target_layer_ids.push_back(i);
+}
+
+TinyConfig PresetConfig(TinyPreset p) {
+  TinyConfig c;  // defaults = the golden tiny config
+  if (p == TinyPreset::kTiny) return c;
+  switch (p) {
+    case TinyPreset::kSmall:
+      c.dim = 256; c.moe_inter_dim = 512; c.n_heads = 8; c.head_dim = 128; c.q_lora_rank = 256;
+      c.o_groups = 2; c.o_lora_rank = 128; c.window_size = 64;
+      c.index_n_heads = 4; c.index_topk = 32; c.candidate_topk_blocks = 16; c.candidate_block_size = 4;
+      c.n_routed_experts = 64; c.n_activated_experts = 4;
+      c.dspark_n_routed_experts = 8; c.dspark_n_activated_experts = 2; c.dspark_markov_rank = 32;
+      c.engram_vocab_size = 4096; c.engram_n_heads = 2; c.engram_head_dim = 64;
+      break;
+    case TinyPreset::kMedium:
+      c.dim = 768; c.moe_inter_dim = 512; c.n_heads = 12; c.head_dim = 256; c.q_lora_rank = 512;
+      c.o_groups = 4; c.o_lora_rank = 256; c.window_size = 128;
+      c.index_n_heads = 8; c.index_topk = 64; c.candidate_topk_blocks = 32; c.candidate_block_size = 8;
+      c.n_routed_experts = 64; c.n_activated_experts = 6;
+      c.dspark_n_routed_experts = 8; c.dspark_n_activated_experts = 2; c.dspark_markov_rank = 64;
+      c.engram_vocab_size = 16384; c.engram_n_heads = 4; c.engram_head_dim = 64;
+      break;
+    case TinyPreset::kLarge:
+      c.dim = 1024; c.moe_inter_dim = 512; c.n_heads = 16; c.head_dim = 512; c.q_lora_rank = 512;
+      c.o_groups = 8; c.o_lora_rank = 512; c.window_size = 128;
+      c.index_n_heads = 16; c.index_topk = 512; c.candidate_topk_blocks = 2048; c.candidate_block_size = 8;
+      c.n_routed_experts = 128; c.n_activated_experts = 6;
+      c.dspark_n_routed_experts = 16; c.dspark_n_activated_experts = 3; c.dspark_markov_rank = 128;
+      c.dspark_block_size = 5;
+      c.engram_vocab_size = 65536; c.engram_n_heads = 4; c.engram_head_dim = 128;
+      break;
+    case TinyPreset::kTiny: break;
+  }
+  ApplySchedule(PresetSchedule(p), &c);
+  DeriveEngramRows(&c);
+  return c;
+}
+
+// ============================================================================
+// Derived values and validation
+// ============================================================================
+std::vector<int64_t> EngramBucketPrimes(const TinyConfig& c, int slot) {
+  if (slot < 0 || slot >= static_cast<int>(c.engram_layer_ids.size()))
+    Fail(ErrorKind::kInvalidArgument, "Engram slot {} out of range", slot);
+  std::set<int64_t> used;
+  std::vector<int64_t> mine;
+  for (int k = 0; k <= slot; ++k) {
+    mine.clear();
+    for (int n = 2; n <= c.engram_max_ngram_size; ++n) {
+      int64_t cursor = c.engram_vocab_size - 1;
+      for (int head = 0; head < c.engram_n_heads; ++head) {
+        int64_t p = cursor + 1;
+        while (!IsPrime(p) || used.count(p)) ++p;
+        used.insert(p);
+        mine.push_back(p);
+        cursor = p;
+      }
+    }
+  }
+  return mine;
+}
+
+void DeriveEngramRows(TinyConfig* c) {
+  c->engram_num_embeddings.clear();
+  for (size_t k = 0; k < c->engram_layer_ids.size(); ++k) {
+    int64_t rows = 0;
+    for (int64_t p : EngramBucketPrimes(*c, static_cast<int>(k))) rows += p;
+    c->engram_num_embeddings.push_back(rows);
+  }
+}
+
+#define BAD(...) Fail(ErrorKind::kInvalidArgument, __VA_ARGS__)
+void ValidateConfig(const TinyConfig& c) {
+  auto mult32 = [&](const char* what, int64_t v) {
+    if (v <= 0 || v % kBlock != 0) BAD("invalid tiny config: {} = {} must be a positive multiple of 32", what, v);
+  };
+  if (c.vocab_size <= 0) BAD("invalid tiny config: vocab_size = {}", c.vocab_size);
+  if (c.n_layers < 1 || c.n_mtp_layers < 1) BAD("invalid tiny config: n_layers {} / n_mtp_layers {} must be >= 1", c.n_layers, c.n_mtp_layers);
+  if (c.n_heads < 1 || c.o_groups < 1 || c.hc_mult < 1 || c.index_n_heads < 1)
+    BAD("invalid tiny config: n_heads, o_groups, hc_mult, index_n_heads must be >= 1");
+  mult32("dim", c.dim);
+  mult32("moe_inter_dim", c.moe_inter_dim);
+  mult32("q_lora_rank", c.q_lora_rank);
+  mult32("head_dim", c.head_dim);
+  mult32("index_head_dim", c.index_head_dim);
+  mult32("engram_head_dim", c.engram_head_dim);
+  mult32("o_groups * o_lora_rank", c.o_groups * c.o_lora_rank);
+  if ((c.n_heads * c.head_dim) % c.o_groups != 0)
+    BAD("invalid tiny config: n_heads * head_dim = {} not divisible by o_groups = {}", c.n_heads * c.head_dim, c.o_groups);
+  mult32("n_heads * head_dim / o_groups", c.n_heads * c.head_dim / c.o_groups);
+  if (c.rope_head_dim <= 0 || c.rope_head_dim % 2 != 0 || c.rope_head_dim > c.head_dim ||
+      c.rope_head_dim > c.index_head_dim)
+    BAD("invalid tiny config: rope_head_dim = {} must be even and <= head_dim and index_head_dim", c.rope_head_dim);
+  if (c.n_shared_experts != 1) BAD("invalid tiny config: n_shared_experts = {} (the generator writes exactly 1)", c.n_shared_experts);
+  if (c.n_routed_experts < 1 || c.n_activated_experts < 1 || c.n_activated_experts > c.n_routed_experts)
+    BAD("invalid tiny config: n_activated_experts = {} must be in [1, n_routed_experts = {}]", c.n_activated_experts, c.n_routed_experts);
+  if (c.dspark_n_routed_experts < 1 || c.dspark_n_activated_experts < 1 ||
+      c.dspark_n_activated_experts > c.dspark_n_routed_experts)
+    BAD("invalid tiny config: dspark_n_activated_experts = {} must be in [1, dspark_n_routed_experts = {}]",
+        c.dspark_n_activated_experts, c.dspark_n_routed_experts);
+  if (c.vision_n_layers != 0) BAD("invalid tiny config: vision_n_layers = {} (vision is not generated)", c.vision_n_layers);
+  if (c.dtype != "fp8" || c.expert_dtype != "fp4") BAD("invalid tiny config: dtype/expert_dtype must be fp8/fp4");
+  if (c.dspark_markov_rank < 1 || c.dspark_block_size < 1) BAD("invalid tiny config: DSpark sizes must be >= 1");
+
+  // Schedule.
+  const int n = c.n_layers;
+  if (static_cast<int>(c.compress_ratios.size()) != n + c.n_mtp_layers)
+    BAD("invalid tiny config: compress_ratios has {} entries, expected n_layers + n_mtp_layers = {}",
+        c.compress_ratios.size(), n + c.n_mtp_layers);
+  for (int i = 0; i < n + c.n_mtp_layers; ++i) {
+    const int r = c.compress_ratios[i];
+    if (r < 0 || r > 2) BAD("invalid tiny config: compress_ratios[{}] = {}, expected 0, 1 or 2", i, r);
+    if (i >= n && r != 0) BAD("invalid tiny config: compress_ratios[{}] = {} on a DSpark block, expected 0", i, r);
+  }
+  auto check_list = [&](const char* what, const std::vector<int>& v) {
+    for (size_t k = 0; k < v.size(); ++k) {
+      if (v[k] < 0 || v[k] >= n) BAD("invalid tiny config: {} holds {}, outside [0, {})", what, v[k], n);
+      if (k && v[k] <= v[k - 1]) BAD("invalid tiny config: {} must be strictly increasing", what);
+    }
+  };
+  check_list("kv_source_layers", c.kv_source_layers);
+  check_list("index_source_layers", c.index_source_layers);
+  check_list("engram_layer_ids", c.engram_layer_ids);
+  check_list("dspark_target_layer_ids", c.dspark_target_layer_ids);
+  if (c.dspark_target_layer_ids.empty()) BAD("invalid tiny config: dspark_target_layer_ids is empty");
+  for (int l : c.kv_source_layers) {
+    if (c.compress_ratios[l] == 0) BAD("invalid tiny config: KV source layer {} has compress ratio 0", l);
+    if (!Contains(c.index_source_layers, l)) BAD("invalid tiny config: KV source layer {} is not an index source", l);
+  }
+  for (int l : c.index_source_layers)
+    if (c.compress_ratios[l] == 0) BAD("invalid tiny config: index source layer {} has compress ratio 0", l);
+  for (int i = 0; i < n; ++i) {
+    const int r = c.compress_ratios[i];
+    if (r == 0) continue;
+    int kv = -1;
+    for (int l : c.kv_source_layers)
+      if (l <= i) kv = l;
+    if (kv < 0) BAD("invalid tiny config: layer {} (ratio {}) has no preceding KV source", i, r);
+    if (c.compress_ratios[kv] != r)
+      BAD("invalid tiny config: layer {} (ratio {}) would read KV source {} of ratio {}", i, r, kv, c.compress_ratios[kv]);
+    if (Contains(c.index_source_layers, i) && !Contains(c.kv_source_layers, i)) {  // Reindex
+      if (c.candidate_source_layer < 0 || c.candidate_source_layer > i || c.candidate_source_layer < kv)
+        BAD("invalid tiny config: Reindex layer {} needs the candidate source (layer {}) to be the KV source it "
+            "reads ({}) or later", i, c.candidate_source_layer, kv);
+    }
+  }
+  if (c.candidate_source_layer < 0 || c.candidate_source_layer >= n ||
+      !Contains(c.kv_source_layers, c.candidate_source_layer))
+    BAD("invalid tiny config: candidate_source_layer = {} must be a KV source layer", c.candidate_source_layer);
+  if (c.candidate_topk_blocks < 1 || c.candidate_block_size < 1 || c.index_topk < 1)
+    BAD("invalid tiny config: candidate_topk_blocks, candidate_block_size, index_topk must be >= 1");
+  if (static_cast<int64_t>(c.candidate_topk_blocks) * c.candidate_block_size - (c.candidate_block_size - 1) <
+      c.index_topk)
+    BAD("invalid tiny config: candidate constraint violated: {}·{} − ({} − 1) < index_topk = {}",
+        c.candidate_topk_blocks, c.candidate_block_size, c.candidate_block_size, c.index_topk);
+  if (c.window_size < 1) BAD("invalid tiny config: window_size = {}", c.window_size);
+
+  // Engram.
+  if (c.engram_max_ngram_size < 2 || c.engram_n_heads < 1 || c.engram_vocab_size < 2)
+    BAD("invalid tiny config: Engram needs max_ngram_size >= 2, n_heads >= 1, vocab_size >= 2");
+  if (c.engram_num_embeddings.size() != c.engram_layer_ids.size())
+    BAD("invalid tiny config: engram_num_embeddings has {} entries, engram_layer_ids {}",
+        c.engram_num_embeddings.size(), c.engram_layer_ids.size());
+  for (size_t k = 0; k < c.engram_layer_ids.size(); ++k) {
+    int64_t rows = 0;
+    for (int64_t p : EngramBucketPrimes(c, static_cast<int>(k))) rows += p;
+    if (rows != c.engram_num_embeddings[k])
+      BAD("invalid tiny config: engram_num_embeddings[{}] = {}, expected the sum of its bucket primes {}", k,
+          c.engram_num_embeddings[k], rows);
+  }
+  mult32("(engram_max_ngram_size - 1) * engram_n_heads * engram_head_dim",
+         (c.engram_max_ngram_size - 1) * c.engram_n_heads * c.engram_head_dim);
+  mult32("dim * (hc_mult + 1)", c.dim * (c.hc_mult + 1));
+  mult32("index_n_heads * index_head_dim", c.index_n_heads * c.index_head_dim);
+}
+
+#undef BAD
+
+// ============================================================================
+// Value rule, plan, layout
+// ============================================================================
+double LinearAmp(int64_t in_features) {
+  int k = 0;
+  int64_t p = 1;
+  while (p < in_features) { p *= 4; ++k; }
+  return std::ldexp(1.0, 1 - k);
+}
+
+std::vector<PlannedTensor> PlanTensors(const TinyConfig& c) {
+  Planner p(c);
+  p.Full();
+  return std::move(p.items);
+}
+
+uint64_t WeightBytes(const PlannedTensor& t) {
+  const uint64_t n = static_cast<uint64_t>(Numel(t.shape));
+  switch (t.kind) {
+    case TinyKind::kBf16: return 2 * n;
+    case TinyKind::kF32: return 4 * n;
+    case TinyKind::kFp8Block:
+    case TinyKind::kEngramRows: return n;
+    case TinyKind::kFp4Rows: return n / 2;
+  }
+  return 0;
+}
+
+uint64_t ScaleBytes(const PlannedTensor& t) {
+  if (!IsQuantised(t.kind)) return 0;
+  return static_cast<uint64_t>(Numel(ScaleShape(t)));
+}
+
+Layout BuildLayout(const std::vector<PlannedTensor>& plan) {
+  Layout L;
+  for (size_t p = 0; p < plan.size(); ++p) {
+    const PlannedTensor& t = plan[p];
+    DI_CHECK(t.shape.size() == 1 || t.shape.size() == 2);
+    if (IsQuantised(t.kind)) {
+      DI_CHECK(t.shape.size() == 2 && t.shape[1] % kBlock == 0);
+      DI_CHECK(t.kind != TinyKind::kFp8Block || t.shape[0] % kBlock == 0);
+    }
+    FileTensor w;
+    w.name = t.name;
+    w.dtype = std::string(DTypeName(WeightDType(t.kind)));
+    w.shape = StoredShape(t);
+    w.end = WeightBytes(t);
+    w.plan_index = static_cast<int>(p);
+    L.tensors.push_back(std::move(w));
+    if (IsQuantised(t.kind)) {
+      FileTensor s;
+      s.name = ScaleName(t.name);
+      s.dtype = std::string(DTypeName(DType::kF8E8M0));
+      s.shape = ScaleShape(t);
+      s.end = ScaleBytes(t);
+      s.plan_index = static_cast<int>(p);
+      s.is_scale = true;
+      L.tensors.push_back(std::move(s));
+    }
+  }
+  std::sort(L.tensors.begin(), L.tensors.end(),
+            [](const FileTensor& a, const FileTensor& b) { return a.name < b.name; });
+  for (size_t k = 1; k < L.tensors.size(); ++k)
+    if (L.tensors[k].name == L.tensors[k - 1].name)
+      Fail(ErrorKind::kInternal, "make-tiny: duplicate tensor name {}", L.tensors[k].name);
+  std::string header = "{\"__metadata__\":{\"format\":\"pt\"}";
+  uint64_t off = 0;
+  for (FileTensor& ft : L.tensors) {
+    const uint64_t n = ft.end;
+    ft.begin = off;
+    ft.end = off + n;
+    off += n;
+    header += ",\"" + ft.name + "\":{\"dtype\":\"" + ft.dtype + "\",\"shape\":" + ShapeList(ft.shape, ",") +
+              ",\"data_offsets\":[" + std::to_string(ft.begin) + "," + std::to_string(ft.end) + "]}";
+    L.n_params += ft.dtype == "I8" ? 2 * n : static_cast<uint64_t>(Numel(ft.shape));
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  L.header = std::move(header);
+  L.data_bytes = off;
+  return L;
+}
+
+void EncodeTensor(const PlannedTensor& t, uint8_t* data, uint8_t* scale) {
+  const uint64_t h = Fnv1a64(t.name);
+  std::vector<float> scratch;
+  bool ok = true;
+  switch (t.kind) {
+    case TinyKind::kBf16:
+    case TinyKind::kF32: EncodeElems(t, h, 0, Numel(t.shape), data); break;
+    case TinyKind::kFp8Block:
+      scratch.resize(static_cast<size_t>(kBlock * t.shape[1]));
+      ok = EncodeFp8Strips(t, h, 0, t.shape[0] / kBlock, data, scale, scratch.data());
+      break;
+    case TinyKind::kEngramRows:
+    case TinyKind::kFp4Rows:
+      scratch.resize(static_cast<size_t>(t.shape[1]));
+      ok = EncodeRows(t, h, 0, t.shape[0], data, scale, scratch.data());
+      break;
+  }
+  if (!ok) Fail(ErrorKind::kInternal, "make-tiny: {}: a group's amax is too small for the UE8M0 rule", t.name);
+}
+
+// ============================================================================
+// Text files
+// ============================================================================
+std::string_view GoldenTinyInferenceConfigJson() { return kGoldenInferenceConfig; }
+std::string_view GoldenTinyHfConfigJson() { return kGoldenHfConfig; }
+
+std::string EmitInferenceConfigJson(const TinyConfig& c) {
+  PyJson j = PyJson::Obj();
+  j.Add("vocab_size", PyJson::Int(c.vocab_size))
+      .Add("dim", PyJson::Int(c.dim))
+      .Add("moe_inter_dim", PyJson::Int(c.moe_inter_dim))
+      .Add("n_layers", PyJson::Int(c.n_layers))
+      .Add("n_mtp_layers", PyJson::Int(c.n_mtp_layers))
+      .Add("n_heads", PyJson::Int(c.n_heads))
+      .Add("head_dim", PyJson::Int(c.head_dim))
+      .Add("rope_head_dim", PyJson::Int(c.rope_head_dim))
+      .Add("q_lora_rank", PyJson::Int(c.q_lora_rank))
+      .Add("o_groups", PyJson::Int(c.o_groups))
+      .Add("o_lora_rank", PyJson::Int(c.o_lora_rank))
+      .Add("window_size", PyJson::Int(c.window_size))
+      .Add("compress_ratios", PyJson::IntList(c.compress_ratios))
+      .Add("kv_source_layers", PyJson::IntList(c.kv_source_layers))
+      .Add("index_source_layers", PyJson::IntList(c.index_source_layers))
+      .Add("candidate_source_layer", PyJson::Int(c.candidate_source_layer))
+      .Add("candidate_topk_blocks", PyJson::Int(c.candidate_topk_blocks))
+      .Add("candidate_block_size", PyJson::Int(c.candidate_block_size))
+      .Add("index_n_heads", PyJson::Int(c.index_n_heads))
+      .Add("index_head_dim", PyJson::Int(c.index_head_dim))
+      .Add("index_topk", PyJson::Int(c.index_topk))
+      .Add("n_routed_experts", PyJson::Int(c.n_routed_experts))
+      .Add("n_activated_experts", PyJson::Int(c.n_activated_experts))
+      .Add("n_shared_experts", PyJson::Int(c.n_shared_experts))
+      .Add("score_func", PyJson::Str(c.score_func))
+      .Add("gate_temp", PyJson::Float(c.gate_temp))
+      .Add("norm_topk_prob", PyJson::Bool(c.norm_topk_prob))
+      .Add("route_scale", PyJson::Float(c.route_scale))
+      .Add("swiglu_limit", PyJson::Float(c.swiglu_limit))
+      .Add("norm_eps", PyJson::Float(c.norm_eps))
+      .Add("hc_mult", PyJson::Int(c.hc_mult))
+      .Add("hc_sinkhorn_iters", PyJson::Int(c.hc_sinkhorn_iters))
+      .Add("hc_eps", PyJson::Float(c.hc_eps))
+      .Add("rope_theta", PyJson::Int(c.rope_theta))
+      .Add("compress_rope_theta", PyJson::Int(c.compress_rope_theta))
+      .Add("original_seq_len", PyJson::Int(c.original_seq_len))
+      .Add("rope_factor", PyJson::Int(c.rope_factor))
+      .Add("beta_fast", PyJson::Int(c.beta_fast))
+      .Add("beta_slow", PyJson::Int(c.beta_slow))
+      .Add("engram_layer_ids", PyJson::IntList(c.engram_layer_ids))
+      .Add("engram_num_embeddings", PyJson::IntList(c.engram_num_embeddings))
+      .Add("engram_max_ngram_size", PyJson::Int(c.engram_max_ngram_size))
+      .Add("engram_vocab_size", PyJson::Int(c.engram_vocab_size))
+      .Add("engram_n_heads", PyJson::Int(c.engram_n_heads))
+      .Add("engram_head_dim", PyJson::Int(c.engram_head_dim))
+      .Add("engram_pad_id", PyJson::Int(c.engram_pad_id))
+      .Add("engram_compressed_vocab_size", PyJson::Int(c.engram_compressed_vocab_size))
+      .Add("dspark_block_size", PyJson::Int(c.dspark_block_size))
+      .Add("dspark_noise_token_id", PyJson::Int(c.dspark_noise_token_id))
+      .Add("dspark_target_layer_ids", PyJson::IntList(c.dspark_target_layer_ids))
+      .Add("dspark_markov_rank", PyJson::Int(c.dspark_markov_rank))
+      .Add("dspark_n_routed_experts", PyJson::Int(c.dspark_n_routed_experts))
+      .Add("dspark_n_activated_experts", PyJson::Int(c.dspark_n_activated_experts))
+      .Add("vision_n_layers", PyJson::Int(c.vision_n_layers))
+      .Add("image_token_id", PyJson::Int(c.image_token_id))
+      .Add("dtype", PyJson::Str(c.dtype))
+      .Add("expert_dtype", PyJson::Str(c.expert_dtype));
+  return Dump(j);
+}
+
+std::string EmitHfConfigJson(const TinyConfig& c) {
+  PyJson rope = PyJson::Obj();
+  rope.Add("rope_type", PyJson::Str("yarn"))
+      .Add("factor", PyJson::Int(c.rope_factor))
+      .Add("beta_fast", PyJson::Int(c.beta_fast))
+      .Add("beta_slow", PyJson::Int(c.beta_slow))
+      .Add("original_max_position_embeddings", PyJson::Int(c.original_seq_len));
+  PyJson t = PyJson::Obj();
+  t.Add("model_type", PyJson::Str("deepseek_v41_text"))
+      .Add("vocab_size", PyJson::Int(c.vocab_size))
+      .Add("hidden_size", PyJson::Int(c.dim))
+      .Add("num_hidden_layers", PyJson::Int(c.n_layers))
+      .Add("moe_intermediate_size", PyJson::Int(c.moe_inter_dim))
+      .Add("num_attention_heads", PyJson::Int(c.n_heads))
+      .Add("num_key_value_heads", PyJson::Int(1))
+      .Add("head_dim", PyJson::Int(c.head_dim))
+      .Add("qk_rope_head_dim", PyJson::Int(c.rope_head_dim))
+      .Add("q_lora_rank", PyJson::Int(c.q_lora_rank))
+      .Add("o_lora_rank", PyJson::Int(c.o_lora_rank))
+      .Add("o_groups", PyJson::Int(c.o_groups))
+      .Add("hidden_act", PyJson::Str("silu"))
+      .Add("swiglu_limit", PyJson::Float(c.swiglu_limit))
+      .Add("rms_norm_eps", PyJson::Float(c.norm_eps))
+      .Add("max_position_embeddings", PyJson::Int(1048576))
+      .Add("rope_theta", PyJson::Int(c.rope_theta))
+      .Add("compress_rope_theta", PyJson::Int(c.compress_rope_theta))
+      .Add("rope_scaling", std::move(rope))
+      .Add("tie_word_embeddings", PyJson::Bool(false))
+      .Add("n_routed_experts", PyJson::Int(c.n_routed_experts))
+      .Add("num_experts_per_tok", PyJson::Int(c.n_activated_experts))
+      .Add("n_shared_experts", PyJson::Int(c.n_shared_experts))
+      .Add("scoring_func", PyJson::Str(c.score_func))
+      .Add("topk_method", PyJson::Str("noaux_tc"))
+      .Add("norm_topk_prob", PyJson::Bool(c.norm_topk_prob))
+      .Add("routed_scaling_factor", PyJson::Float(c.route_scale))
+      .Add("sliding_window", PyJson::Int(c.window_size))
+      .Add("compress_ratios", PyJson::IntList(c.compress_ratios))
+      .Add("kv_source_layer_ids", PyJson::IntList(c.kv_source_layers))
+      .Add("index_source_layer_ids", PyJson::IntList(c.index_source_layers))
+      .Add("index_n_heads", PyJson::Int(c.index_n_heads))
+      .Add("index_head_dim", PyJson::Int(c.index_head_dim))
+      .Add("index_topk", PyJson::Int(c.index_topk))
+      .Add("candidate_source_layer_id", PyJson::Int(c.candidate_source_layer))
+      .Add("candidate_topk_blocks", PyJson::Int(c.candidate_topk_blocks))
+      .Add("candidate_block_size", PyJson::Int(c.candidate_block_size))
+      .Add("hc_mult", PyJson::Int(c.hc_mult))
+      .Add("hc_sinkhorn_iters", PyJson::Int(c.hc_sinkhorn_iters))
+      .Add("hc_eps", PyJson::Float(c.hc_eps))
+      .Add("engram_layer_ids", PyJson::IntList(c.engram_layer_ids))
+      .Add("engram_num_embeddings", PyJson::IntList(c.engram_num_embeddings))
+      .Add("engram_max_ngram_size", PyJson::Int(c.engram_max_ngram_size))
+      .Add("engram_vocab_size", PyJson::Int(c.engram_vocab_size))
+      .Add("engram_n_heads", PyJson::Int(c.engram_n_heads))
+      .Add("engram_head_dim", PyJson::Int(c.engram_head_dim))
+      .Add("engram_pad_token_id", PyJson::Int(c.engram_pad_id))
+      .Add("engram_compressed_vocab_size", PyJson::Int(c.engram_compressed_vocab_size))
+      .Add("num_nextn_predict_layers", PyJson::Int(c.n_mtp_layers))
+      .Add("dspark_block_size", PyJson::Int(c.dspark_block_size))
+      .Add("dspark_noise_token_id", PyJson::Int(c.dspark_noise_token_id))
+      .Add("dspark_target_layer_ids", PyJson::IntList(c.dspark_target_layer_ids))
+      .Add("dspark_markov_rank", PyJson::Int(c.dspark_markov_rank))
+      .Add("dspark_n_routed_experts", PyJson::Int(c.dspark_n_routed_experts))
+      .Add("dspark_num_experts_per_tok", PyJson::Int(c.dspark_n_activated_experts))
+      .Add("bos_token_id", PyJson::Int(0))
+      .Add("eos_token_id", PyJson::Int(1))
+      .Add("pad_token_id", PyJson::Int(2));
+  PyJson q = PyJson::Obj();
+  q.Add("quant_method", PyJson::Str("fp8"))
+      .Add("activation_scheme", PyJson::Str("dynamic"))
+      .Add("weight_block_size", PyJson::IntList(std::vector<int>{kBlock, kBlock}))
+      .Add("scale_fmt", PyJson::Str("ue8m0"))
+      .Add("expert_dtype", PyJson::Str("fp4"));
+  PyJson arch;
+  arch.type = PyJson::kArr;
+  arch.arr.push_back(PyJson::Str("DeepseekV41ForCausalLM"));
+  PyJson j = PyJson::Obj();
+  j.Add("architectures", std::move(arch))
+      .Add("model_type", PyJson::Str("deepseek_v41"))
+      .Add("dtype", PyJson::Str("bfloat16"))
+      .Add("bos_token_id", PyJson::Int(0))
+      .Add("eos_token_id", PyJson::Int(1))
+      .Add("pad_token_id", PyJson::Int(2))
+      .Add("image_token_id", PyJson::Int(c.image_token_id))
+      .Add("quantization_config", std::move(q))
+      .Add("text_config", std::move(t));
+  return Dump(j);
+}
+
+std::string InferenceConfigJson(const TinyConfig& c) {
+  if (c == TinyConfig{}) return std::string(kGoldenInferenceConfig);
+  return EmitInferenceConfigJson(c);
+}
+
+std::string HfConfigJson(const TinyConfig& c) {
+  if (c == TinyConfig{}) return std::string(kGoldenHfConfig);
+  return EmitHfConfigJson(c);
+}
+
+std::string IndexJson(const Layout& layout) {
+  // json.dumps(..., indent=2, sort_keys=True): "metadata" < "weight_map"; the
+  // names are already in sorted (code point) order.
+  std::string out = "{\n  \"metadata\": {\n    \"total_size\": " + std::to_string(layout.data_bytes) +
+                    "\n  },\n  \"weight_map\": {\n";
+  for (size_t k = 0; k < layout.tensors.size(); ++k) {
+    out += "    ";
+    EmitString(layout.tensors[k].name, &out);
+    out += ": \"model.safetensors\"";
+    out += k + 1 < layout.tensors.size() ? ",\n" : "\n";
+  }
+  out += "  }\n}\n";
+  return out;
+}
+
+std::string TensorListTsv(const TinyConfig& c) {
+  const std::vector<PlannedTensor> plan = PlanTensors(c);
+  const Layout L = BuildLayout(plan);
+  std::string out = "tensor\tdtype\tshape\tvalues_from\tlogical_shape\tcenter\tamp\tencoding\n";
+  for (const FileTensor& ft : L.tensors) {
+    const PlannedTensor& t = plan[ft.plan_index];
+    std::string enc;
+    if (ft.is_scale) {
+      enc = "ue8m0 scale of " + t.name;
+    } else {
+      switch (t.kind) {
+        case TinyKind::kBf16: enc = "bf16"; break;
+        case TinyKind::kF32: enc = "f32"; break;
+        case TinyKind::kFp8Block: enc = "fp8_block32x32"; break;
+        case TinyKind::kEngramRows: enc = "fp8_row_group32"; break;
+        case TinyKind::kFp4Rows: enc = "fp4_e2m1_group32_packed"; break;
+      }
+    }
+    out += ft.name + "\t" + ft.dtype + "\t" + ShapeList(ft.shape, ", ") + "\t" + t.name + "\t" +
+           ShapeList(t.shape, ", ") + "\t" + PyFloatRepr(t.center) + "\t" + PyFloatRepr(t.amp) + "\t" + enc + "\n";
+  }
+  return out;
+}
+
+// ============================================================================
+// Writing
+// ============================================================================
+void WriteTokenizerFiles(const TinyConfig& c, const std::filesystem::path& src_dir,
+                         const std::filesystem::path& out_dir) {
+  if (src_dir.empty()) return;
+  WriteTinyTokenizerFiles(src_dir, out_dir, c.vocab_size);
+}
+
+WriteResult WriteTinyCheckpoint(const TinyConfig& c, const std::filesystem::path& out_dir,
+                                const WriteOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ValidateConfig(c);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(out_dir, ec)) {
+    if (!fs::is_directory(out_dir, ec))
+      Fail(ErrorKind::kInvalidArgument, "{} exists and is not a directory", out_dir.string());
+    if (!fs::is_empty(out_dir, ec) && !opts.force)
+      Fail(ErrorKind::kInvalidArgument, "{} is not empty; refusing to overwrite (use --force)", out_dir.string());
+  }
+  fs::create_directories(out_dir / "inference", ec);
+  if (ec) Fail(ErrorKind::kInvalidArgument, "cannot create {}: {}", (out_dir / "inference").string(), ec.message());
+
+  WriteResult res;
+  const std::vector<PlannedTensor> plan = PlanTensors(c);
+  res.layout = BuildLayout(plan);
+  const auto tw = std::chrono::steady_clock::now();
+  WriteSafetensors(plan, res.layout, out_dir / "model.safetensors");
+  res.weights_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count();
+  WriteWholeFile(out_dir / "model.safetensors.index.json", IndexJson(res.layout));
+  WriteWholeFile(out_dir / "config.json", HfConfigJson(c));
+  WriteWholeFile(out_dir / "inference" / "config.json", InferenceConfigJson(c));
+  WriteTokenizerFiles(c, opts.tokenizer_src_dir, out_dir);
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace deepinfer::tiny
