@@ -190,6 +190,7 @@ uint64_t Engine::Submit(const GenerateRequest& req) {
     if (!m.tokenizer)
       Fail(ErrorKind::kInvalidArgument, "{}: a text prompt needs tokenizer.json in the model directory; pass prompt_token_ids",
            label);
+    if (req.prompt->empty()) Fail(ErrorKind::kInvalidArgument, "{}: prompt is empty", label);
     ids = m.tokenizer->Encode(*req.prompt, /*add_special_tokens=*/true);
   } else {
     ids = *req.prompt_token_ids;
