@@ -1,0 +1,345 @@
+// deepinfer bench e2e --model DIR --json OUT [--png PNG] [--threads N]
+//                     [--batches 1,4,16] [--prompt-len N] [--decode-steps N]
+//
+// End-to-end V4.1 forward speed on a checkpoint (meant for the `large`
+// make-tiny preset, a few GB): prefill tok/s and decode tok/s at each batch
+// size, the bytes of weights one decode token streams (batch 1: every dense
+// tensor, top-k of the routed experts, one embedding row), the implied GB/s
+// and its fraction of the STREAM triad bandwidth measured in the same run
+// (`triad_gbps` at the top level), and the wall time split by model region
+// (base/region_timer.h) when the forward pass is instrumented.
+//
+// Prompts are deterministic pseudo-random token ids (identical across batch
+// sizes); the Engram token map is synthetic (id mod engram_compressed_vocab)
+// unless the model directory has a tokenizer.json (then the real map).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/parallel.h"
+#include "base/region_timer.h"
+#include "bench_util.h"
+#include "format/safetensors.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "model/config.h"
+#include "model/state.h"
+#include "model/v41/model.h"
+#include "tokenizer/engram_token_map.h"
+#include "tokenizer/tokenizer.h"
+
+namespace deepinfer::cli::bench {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+struct E2eArgs {
+  std::string model, json_out, png_out;
+  int threads = 0;
+  std::vector<int> batches = {1, 4, 16};
+  int64_t prompt_len = 64;
+  int decode_steps = 8;
+};
+
+// Bytes of weights a batch-1 decode token reads (see file comment).
+json ActiveBytes(const TensorStore& store, const ModelConfig& c) {
+  static const std::regex kExpert(R"(^layers\.\d+\.ffn\.experts\.\d+\..*)");
+  static const std::regex kEngramTable(R"(^layers\.\d+\.engram\.embed\..*)");
+  static const std::regex kWoA(R"(^layers\.\d+\.attn\.wo_a\.(weight|scale)$)");
+  uint64_t dense = 0, routed_all = 0, excluded = 0, woa_numel = 0;
+  for (const auto& [name, t] : store.all()) {
+    if (name.rfind("mtp.", 0) == 0 || name.rfind("dspark", 0) == 0 || name.find("bias_vl") != std::string::npos ||
+        name.rfind("vision", 0) == 0 || name == "embed.weight" || std::regex_match(name, kEngramTable)) {
+      excluded += t.nbytes;
+    } else if (std::regex_match(name, kExpert)) {
+      routed_all += t.nbytes;
+    } else if (std::regex_match(name, kWoA)) {
+      if (name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0) woa_numel += t.numel();
+    } else {
+      dense += t.nbytes;
+    }
+  }
+  // wo_a is dequantised to BF16 at load: 2 bytes per element streamed.
+  dense += 2 * woa_numel;
+  const double routed_active =
+      static_cast<double>(routed_all) * c.n_activated_experts / std::max(1, c.n_routed_experts);
+  const double embed_row = 2.0 * c.dim;
+  const double total = static_cast<double>(dense) + routed_active + embed_row;
+  return json{{"bytes_per_token", total},
+              {"dense_bytes", dense},
+              {"routed_expert_bytes_all", routed_all},
+              {"routed_expert_bytes_active", routed_active},
+              {"excluded_bytes", excluded},
+              {"note", "batch 1: dense tensors (wo_a as BF16) + top-k/E of routed experts + one embedding row; "
+                       "MTP/DSpark, vision, Engram tables and KV-cache reads excluded"}};
+}
+
+std::vector<int32_t> Prompt(int64_t len, int seq, int64_t vocab) {
+  std::vector<int32_t> t(len);
+  uint64_t s = 0x1234567ull + static_cast<uint64_t>(seq) * 0x9E3779B97F4A7C15ull;
+  for (auto& v : t) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    v = static_cast<int32_t>(3 + (s >> 33) % static_cast<uint64_t>(std::min<int64_t>(vocab - 3, 120000)));
+  }
+  return t;
+}
+
+json RegionsJson(double total_seconds) {
+  const auto secs = RegionSeconds();
+  double sum = 0;
+  for (double s : secs) sum += s;
+  if (sum <= 0) return nullptr;
+  json j = json::object();
+  for (int i = 0; i < static_cast<int>(Region::kCount); ++i)
+    j[RegionName(static_cast<Region>(i))] = json{{"seconds", secs[i]}, {"share", secs[i] / total_seconds}};
+  j["uninstrumented"] = json{{"seconds", total_seconds - sum}, {"share", (total_seconds - sum) / total_seconds}};
+  return j;
+}
+
+void RunE2e(const E2eArgs& a) {
+  if (a.model.empty()) Fail(ErrorKind::kInvalidArgument, "bench e2e: --model DIR is required");
+  if (a.json_out.empty()) Fail(ErrorKind::kInvalidArgument, "bench e2e: --json OUT is required");
+  if (a.prompt_len < 1 || a.decode_steps < 1)
+    Fail(ErrorKind::kInvalidArgument, "bench e2e: --prompt-len and --decode-steps must be >= 1");
+  if (a.threads != 0) SetNumThreads(a.threads);
+  const int threads = NumThreads();
+  const fs::path dir(a.model);
+  const fs::path json_path(a.json_out);
+  const fs::path png = a.png_out.empty() ? fs::path(json_path).replace_extension(".png") : fs::path(a.png_out);
+
+  json out;
+  out["benchmark"] = "e2e";
+  out["machine"] = MachineJson(threads);
+  out["model"] = a.model;
+  std::printf("bench e2e: %s, %d threads, target %s\n", a.model.c_str(), threads, cpu::ActiveTarget().c_str());
+  json stream = MeasureStream(int64_t{32} << 20, 5);
+  const double triad = stream["triad"]["gbps"].get<double>();
+  out["triad_gbps"] = triad;
+  out["stream"] = stream;
+  std::printf("  stream triad %.2f GB/s\n", triad);
+
+  const ModelConfig cfg = ModelConfig::Load(dir);
+  v41::V41Options opts;
+  if (!cfg.engram_layer_ids.empty()) {
+    if (fs::exists(dir / "tokenizer.json")) {
+      const Tokenizer tok = Tokenizer::Load(dir);
+      opts.engram_token_map =
+          BuildCheckedEngramTokenMap(tok, cfg.engram_compressed_vocab_size, cfg.vocab_size, a.model).ids;
+      out["engram_token_map"] = "tokenizer.json";
+    } else {
+      opts.engram_token_map.resize(cfg.vocab_size);
+      for (int64_t i = 0; i < cfg.vocab_size; ++i)
+        opts.engram_token_map[i] = static_cast<int32_t>(i % cfg.engram_compressed_vocab_size);
+      out["engram_token_map"] = "synthetic (id mod engram_compressed_vocab_size)";
+    }
+  }
+  double t0 = Now();
+  std::unique_ptr<v41::V41Model> model = v41::V41Model::Load(dir, opts);
+  out["load_seconds"] = Now() - t0;
+  {
+    std::unique_ptr<TensorStore> store = TensorStore::Open(dir);
+    out["active_weights"] = ActiveBytes(*store, cfg);
+    out["checkpoint_bytes"] = store->total_bytes();
+  }
+  const double active = out["active_weights"]["bytes_per_token"].get<double>();
+  std::printf("  model: dim %lld, %d layers, %d/%d experts; %.1f MB of weights per decode token (batch 1)\n",
+              static_cast<long long>(cfg.dim), cfg.n_layers, cfg.n_activated_experts, cfg.n_routed_experts,
+              active / 1e6);
+
+  const int64_t total_tokens = a.prompt_len + a.decode_steps + 1;
+  std::vector<json> runs;
+  for (int B : a.batches) {
+    if (B < 1) Fail(ErrorKind::kInvalidArgument, "bench e2e: batch sizes must be >= 1");
+    const StateGeometry geo = model->geometry(16);
+    const int64_t blocks = geo.BlocksForTokens(total_tokens);
+    DenseStateArena arena(geo, B, blocks * B);
+    std::vector<std::vector<int32_t>> tables(B), prompts(B);
+    std::vector<SequenceStateView> views(B);
+    for (int s = 0; s < B; ++s) {
+      for (int64_t b = 0; b < blocks; ++b) tables[s].push_back(static_cast<int32_t>(s * blocks + b));
+      views[s] = arena.View(s, tables[s].data(), blocks);
+      prompts[s] = Prompt(a.prompt_len, s, cfg.vocab_size);
+    }
+    v41::ForwardOutput fo;
+    // Prefill: all B prompts in one call.
+    ResetRegionTimes();
+    EnableRegionTimer(true);
+    v41::ForwardBatch pb;
+    for (int s = 0; s < B; ++s) {
+      v41::ForwardSeq q;
+      q.tokens = prompts[s].data();
+      q.len = a.prompt_len;
+      q.start_pos = 0;
+      q.state = views[s];
+      pb.seqs.push_back(q);
+    }
+    t0 = Now();
+    model->Forward(pb, &fo);
+    const double prefill_s = Now() - t0;
+    const json prefill_regions = RegionsJson(prefill_s);
+    // Decode: one token per sequence per step (greedy next token, so the
+    // routed experts follow the model).
+    std::vector<int32_t> next(B);
+    auto argmax_rows = [&] {
+      for (int s = 0; s < B; ++s) {
+        const float* l = fo.logits.data() + static_cast<int64_t>(s) * fo.vocab;
+        next[s] = static_cast<int32_t>(std::max_element(l, l + fo.vocab) - l);
+      }
+    };
+    argmax_rows();
+    std::vector<double> steps;
+    ResetRegionTimes();
+    double decode_total = 0;
+    for (int st = 0; st < a.decode_steps; ++st) {
+      v41::ForwardBatch db;
+      for (int s = 0; s < B; ++s) {
+        v41::ForwardSeq q;
+        q.tokens = &next[s];
+        q.len = 1;
+        q.start_pos = a.prompt_len + st;
+        q.state = views[s];
+        db.seqs.push_back(q);
+      }
+      t0 = Now();
+      model->Forward(db, &fo);
+      const double dt = Now() - t0;
+      steps.push_back(dt);
+      decode_total += dt;
+      argmax_rows();
+    }
+    EnableRegionTimer(false);
+    const json decode_regions = RegionsJson(decode_total);
+    const double step = Median(steps);
+    const double prefill_tps = B * a.prompt_len / prefill_s, decode_tps = B / step;
+    json r{{"batch", B},
+           {"prompt_len", a.prompt_len},
+           {"prefill_seconds", prefill_s},
+           {"prefill_tok_s", prefill_tps},
+           {"decode_steps", a.decode_steps},
+           {"decode_step_seconds_median", step},
+           {"decode_step_samples", steps},
+           {"decode_tok_s", decode_tps},
+           {"prefill_regions", prefill_regions},
+           {"decode_regions", decode_regions}};
+    if (B == 1) {
+      const double gbps = active / step / 1e9;
+      r["decode_weight_gbps"] = gbps;
+      r["fraction_of_triad"] = gbps / triad;
+    } else {
+      // Upper bound of distinct weights per step: dense once + min(E, B·k) experts.
+      const auto& aw = out["active_weights"];
+      const double experts = std::min<double>(cfg.n_routed_experts, static_cast<double>(B) * cfg.n_activated_experts);
+      const double bytes = aw["dense_bytes"].get<double>() +
+                           aw["routed_expert_bytes_all"].get<double>() * experts / cfg.n_routed_experts;
+      r["decode_weight_bytes_per_step_upper"] = bytes;
+      r["fraction_of_triad_upper"] = bytes / step / 1e9 / triad;
+    }
+    std::printf("  batch %2d: prefill %8.1f tok/s (%.2f s for %lld tokens), decode %7.2f tok/s (step %.1f ms)%s\n", B,
+                prefill_tps, prefill_s, static_cast<long long>(B * a.prompt_len), decode_tps, step * 1e3,
+                B == 1 ? fmt::format(", {:.2f} GB/s = {:.1f}% of triad", r["decode_weight_gbps"].get<double>(),
+                                     100 * r["fraction_of_triad"].get<double>())
+                             .c_str()
+                       : "");
+    if (!decode_regions.is_null()) {
+      std::printf("            decode time by region:");
+      for (auto it = decode_regions.begin(); it != decode_regions.end(); ++it)
+        std::printf(" %s %.0f%%", it.key().c_str(), 100 * it.value()["share"].get<double>());
+      std::printf("\n");
+    }
+    std::fflush(stdout);
+    runs.push_back(r);
+  }
+  out["runs"] = runs;
+  if (runs[0]["batch"] == 1) {
+    out["decode_batch1_fraction_of_triad"] = runs[0]["fraction_of_triad"];
+    const json& dr = runs[0]["decode_regions"];
+    if (!dr.is_null()) {
+      double gemm = 0;
+      for (const char* k : {"attention", "moe", "head"}) gemm += dr[k]["share"].get<double>();
+      out["decode_batch1_region_note"] =
+          "attention/moe/head include their GEMVs; see decode_regions for the non-GEMM regions";
+    }
+  }
+  out["regions_instrumented"] = !runs[0]["decode_regions"].is_null();
+  WriteJson(json_path, out);
+
+  // Plot: tok/s per batch (prefill, decode) and the batch-1 decode region split.
+  const fs::path base = fs::path(png).replace_extension("");
+  {
+    std::ofstream f(base.string() + ".tps.dat");
+    f << "# batch prefill_tok_s decode_tok_s\n";
+    for (const json& r : runs)
+      f << r["batch"].get<int>() << " " << r["prefill_tok_s"].get<double>() << " " << r["decode_tok_s"].get<double>()
+        << "\n";
+  }
+  bool have_regions = false;
+  {
+    std::ofstream f(base.string() + ".regions.dat");
+    f << "# region decode_share_batch1\n";
+    const json& dr = runs[0]["decode_regions"];
+    if (!dr.is_null())
+      for (auto it = dr.begin(); it != dr.end(); ++it) {
+        f << '"' << it.key() << "\" " << 100 * it.value()["share"].get<double>() << "\n";
+        have_regions = true;
+      }
+  }
+  std::string script = fmt::format(
+      R"GP(set terminal pngcairo size 1400,600 font ",10" noenhanced
+set output '{png}'
+set multiplot layout 1,{panels} title "deepinfer bench e2e — {model}; triad {triad:.1f} GB/s; batch-1 decode {frac:.1f}% of triad"
+set title "tokens/s by batch size"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8
+set logscale y
+set ylabel "tok/s"
+set xlabel "batch"
+plot '{tps}' using 2:xtic(1) title "prefill", '' using 3 title "decode"
+)GP",
+      fmt::arg("png", png.string()), fmt::arg("panels", have_regions ? 2 : 1), fmt::arg("model", a.model),
+      fmt::arg("triad", triad),
+      fmt::arg("frac", runs[0].contains("fraction_of_triad") ? 100 * runs[0]["fraction_of_triad"].get<double>() : 0.0),
+      fmt::arg("tps", base.string() + ".tps.dat"));
+  if (have_regions)
+    script += fmt::format(R"GP(unset logscale y
+set title "batch-1 decode time by region (%)"
+set style data histograms
+set style histogram rowstacked
+set ylabel "% of decode step"
+set xlabel ""
+set xtics rotate by -35 left
+plot '{reg}' using 2:xtic(1) notitle lc rgb "#4477aa"
+)GP",
+                          fmt::arg("reg", base.string() + ".regions.dat"));
+  script += "unset multiplot\n";
+  const bool plotted = RunGnuplot(png, script);
+  std::printf("wrote %s%s\n", json_path.string().c_str(), plotted ? (" and " + png.string()).c_str() : "");
+}
+
+}  // namespace
+
+void RegisterBenchE2e(CLI::App& bench) {
+  auto args = std::make_shared<E2eArgs>();
+  auto* e = bench.add_subcommand("e2e", "End-to-end prefill/decode tok/s vs memory bandwidth on a checkpoint");
+  e->add_option("--model", args->model, "Model directory (e.g. make-tiny --preset large)")->required();
+  e->add_option("--json", args->json_out, "Output JSON file")->required();
+  e->add_option("--png", args->png_out, "Output PNG plot (default: JSON path with .png)");
+  e->add_option("--threads", args->threads, "Worker threads (default: all hardware threads)");
+  e->add_option("--batches", args->batches, "Batch sizes")->capture_default_str();
+  e->add_option("--prompt-len", args->prompt_len, "Prompt tokens per sequence")->capture_default_str();
+  e->add_option("--decode-steps", args->decode_steps, "Decode steps timed (median reported)")->capture_default_str();
+  e->callback([args] { RunE2e(*args); });
+}
+
+}  // namespace deepinfer::cli::bench

@@ -1,0 +1,128 @@
+// Fused activation quantisation (model-spec §3.1(b) step 1) for the FP8/FP4
+// kernels, bit-identical to QuantizeActE4M3 + E4M3ToFloat (format/numerics.h).
+// Also home of the dispatch-control functions of cpu_ops.h.
+//
+// Per block of B: a = max(max|x|, 1e-4); s = 2^ceil(log2(a·fp32(1/448))) from
+// the FP32 bits (Pow2CeilE8M0); v = clamp(x/s, ±448) (x/s == x·(1/s) exactly:
+// s is a power of two whose reciprocal is a normal float, so both are the one
+// rounding of the exact x·2^-e); then v is rounded to the E4M3 grid with the
+// FP32 "add and subtract a magic number" identity: for E = exponent of
+// max(|v|, 2^-6), c = 2^(E+20) has ulp 2^(E-3), which is the E4M3 spacing
+// around |v| (2^-9 below 2^-6: the subnormal grid), and |v| + c stays in c's
+// binade, so (|v| + c) − c is |v| rounded to nearest-even on that grid, exact.
+// The sign is copied back (−0 kept, as the reference's sign-preserving cast).
+// Rows containing NaN/Inf take the scalar quantiser.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/act_quant.cc"
+#include "kernels/cpu/hwy_targets.h"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "format/numerics.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/hwy_util-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace deepinfer::cpu {
+namespace HWY_NAMESPACE {
+
+// Returns false (and writes nothing) when the row has a NaN or infinity.
+bool QuantizeRow(const float* x, int64_t K, int B, float* q, float* sa) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const auto exp_mask = hn::Set(du, 0x7F800000u);
+  {
+    auto bad = hn::Zero(du);
+    int64_t k = 0;
+    for (; k + static_cast<int64_t>(kLanes) <= K; k += kLanes) {
+      const auto u = hn::BitCast(du, hn::LoadU(df, x + k));
+      bad = hn::Or(bad, hn::VecFromMask(du, hn::Eq(hn::And(u, exp_mask), exp_mask)));
+    }
+    if (!hn::AllFalse(du, hn::Ne(bad, hn::Zero(du)))) return false;
+    for (; k < K; ++k)
+      if (!std::isfinite(x[k])) return false;
+  }
+  const auto v448 = hn::Set(df, 448.0f);
+  const auto vneg448 = hn::Set(df, -448.0f);
+  const auto min_norm = hn::Set(df, 0.015625f);  // 2^-6
+  const auto c20 = hn::Set(du, 20u << 23);
+  const auto x256 = hn::Set(df, 256.0f);
+  for (int64_t b0 = 0; b0 < K; b0 += B) {
+    float amax = 0.0f;
+    int i = 0;
+    if (B % static_cast<int>(kLanes) == 0) {
+      auto m = hn::Zero(df);
+      for (; i < B; i += static_cast<int>(kLanes)) m = hn::Max(m, hn::Abs(hn::LoadU(df, x + b0 + i)));
+      amax = hn::GetLane(hn::MaxOfLanes(df, m));
+    }
+    for (; i < B; ++i) amax = std::max(amax, std::fabs(x[b0 + i]));
+    amax = std::max(amax, 1e-4f);
+    const uint8_t sb = Pow2CeilE8M0(amax * kInv448);
+    const float s = E8M0ToFloat(sb);
+    sa[b0 / B] = s;
+    const auto inv = hn::Set(df, 1.0f / s);
+    int j = 0;
+    for (; j + static_cast<int>(kLanes) <= B; j += static_cast<int>(kLanes)) {
+      const auto xv = hn::LoadU(df, x + b0 + j);
+      const auto v = hn::Min(hn::Max(hn::Mul(xv, inv), vneg448), v448);
+      const auto a = hn::Abs(v);
+      const auto e = hn::And(hn::BitCast(du, hn::Max(a, min_norm)), exp_mask);
+      const auto c = hn::BitCast(df, hn::Add(e, c20));
+      const auto r = hn::Sub(hn::Add(a, c), c);
+      hn::StoreU(hn::Mul(hn::CopySignToAbs(r, v), x256), df, q + b0 + j);
+    }
+    for (; j < B; ++j) {
+      const float v = std::min(std::max(x[b0 + j] * (1.0f / s), -448.0f), 448.0f);
+      q[b0 + j] = E4M3ToFloat(FloatToE4M3(v)) * 256.0f;
+    }
+  }
+  return true;
+}
+
+int64_t ThisTarget() { return HWY_TARGET; }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace deepinfer::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace deepinfer::cpu {
+HWY_EXPORT(QuantizeRow);
+HWY_EXPORT(ThisTarget);
+
+void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, float* sa) {
+  auto* fn = HWY_DYNAMIC_DISPATCH(QuantizeRow);
+  const int64_t kb = K / B;
+#pragma omp parallel if (M * K >= (int64_t{1} << 16))
+  {
+    std::vector<uint8_t> codes, sb;
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; ++m) {
+      if (fn(x + m * K, K, B, q + m * K, sa + m * kb)) continue;
+      codes.resize(K);
+      sb.resize(kb);
+      QuantizeActE4M3(x + m * K, K, B, codes.data(), sb.data());
+      for (int64_t k = 0; k < K; ++k) q[m * K + k] = E4M3ToFloat(codes[k]) * 256.0f;
+      for (int64_t b = 0; b < kb; ++b) sa[m * kb + b] = E8M0ToFloat(sb[b]);
+    }
+  }
+}
+
+std::string TargetName(int64_t target) { return hwy::TargetName(target); }
+
+std::string ActiveTarget() { return TargetName(HWY_DYNAMIC_DISPATCH(ThisTarget)()); }
+
+std::vector<int64_t> AvailableTargets() {
+  std::vector<int64_t> r;
+  for (int64_t t = hwy::SupportedTargets() & HWY_TARGETS; t != 0; t &= t - 1) r.push_back(t & -t);
+  return r;
+}
+
+void ForceTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+
+}  // namespace deepinfer::cpu
+#endif  // HWY_ONCE

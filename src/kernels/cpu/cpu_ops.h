@@ -1,0 +1,144 @@
+// deepinfer/kernels/cpu/cpu_ops.h — fast CPU kernels for the linears of the
+// DeepSeek-V4.1 forward pass, bit-identical to the scalar reference operators
+// of kernels/ref/ref_ops.h (model-spec §3.1(b), §4.1).
+//
+// Why the results are bit-identical, and how that is kept fast:
+//   * The reference sums each output element's products one after the other
+//     in FP32 (per 32-wide K block for the quantised linears, then a separate
+//     block accumulator in increasing K). FP32 addition is not associative and
+//     the in-block sums are NOT exact in general (an E4M3×E4M3 product is a
+//     multiple of 2^-18 up to 448² ≈ 2^17.6, so a block sum can need ~41 bits),
+//     so the order of every addition is part of the result.
+//   * These kernels therefore never split a sum across SIMD lanes. Each lane
+//     owns one output element (one weight row n) and walks K in exactly the
+//     reference's order with separate multiply and add instructions (no FMA;
+//     the build uses -ffp-contract=off). Rows are processed 64 at a time from a
+//     load-time repacked layout in which the 64 rows' k-th elements are
+//     adjacent, so one vector load feeds 16 (AVX-512) or 8 (AVX2) output rows.
+//   * Products are exact in FP32, so how a product is formed does not matter:
+//     the FP8 kernel multiplies q·2^8 by w·2^-8 (w converted through FP16, which
+//     is one shift and one mask away from an E4M3 code), which is the exact
+//     product q·w the reference forms.
+//   * A row's result never depends on M, on which other rows share the call,
+//     on the micro-tile it lands in, or on the thread count.
+// What is NOT used and why: AVX-512 BF16 (vdpbf16ps) and VNNI integer dot
+// products reassociate the sum (pairs / groups of four summed before the
+// accumulator, denormals flushed), which changes bits relative to the
+// reference's sequential FP32 order; they are deliberately not used.
+//
+// Runtime dispatch (Highway 1.0.3): AVX-512 (HWY_AVX3), AVX2 (HWY_AVX2) and the
+// portable HWY_SCALAR/HWY_EMU128 fallback; never -march=native.
+//
+// Special values: weights whose codes the repacked path cannot represent
+// (E4M3 NaN codes 0x7F/0xFF, UE8M0 scales 0x00 and 0xFF) make the packed
+// weight fall back to the scalar reference operator (`use_ref`). An activation
+// row containing a NaN or ±Inf is quantised by the scalar quantiser, so NaN
+// rows stay NaN exactly where the reference's are (NaN payloads may differ).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/ref/ref_ops.h"
+
+namespace deepinfer::cpu {
+
+// Rows per repacked tile: every packed layout groups 64 consecutive output
+// rows; rows past `out` are zero padding whose results are discarded.
+inline constexpr int64_t kTileRows = 64;
+
+// 64-byte aligned heap array (the packed weights).
+struct AlignedFree {
+  void operator()(void* p) const;
+};
+template <typename T>
+using AlignedArray = std::unique_ptr<T[], AlignedFree>;
+template <typename T>
+AlignedArray<T> AllocateAligned(size_t n);
+
+// ------------------------------------------------------------------ packed weights
+// FP8 E4M3 weight with UE8M0 block scales (block B ∈ {32, 128} or any multiple
+// of 16), repacked: w[t][k][r] = src.w[(64t + r)·in + k] (E4M3 code, 0 for
+// padding rows), ws[t][k/32][r/16] = scale of rows 64t+r at column k as FP32.
+struct PackedFp8 {
+  ref::Fp8Weight src;  // the checkpoint view (used by the scalar fallback)
+  int64_t tiles = 0;
+  AlignedArray<uint8_t> w;
+  AlignedArray<float> ws;
+  bool use_ref = false;  // NaN codes / unusual scales or block: scalar path
+  size_t bytes() const;  // bytes the kernel streams per call (weights + scales)
+};
+// FP4 E2M1 routed-expert weight (UE8M0 scale per row and 32 columns),
+// repacked: w[t][j][r] = byte holding (row 64t+r, k=2j) in its low nibble and
+// (row 64t+r, k=2j+1) in its high nibble; s[t][g][r] = UE8M0 scale byte of
+// (row 64t+r, group g).
+struct PackedFp4 {
+  ref::Fp4Weight src;
+  int64_t tiles = 0;
+  AlignedArray<uint8_t> w;
+  AlignedArray<uint8_t> s;
+  bool use_ref = false;  // scale bytes 0x00 / 0xFF: scalar path
+  size_t bytes() const;
+};
+// BF16 weight [out, in] repacked: w[t][k][r] = src.w[(64t + r)·in + k].
+struct PackedBf16 {
+  ref::Bf16Weight src;
+  int64_t tiles = 0;
+  AlignedArray<uint16_t> w;
+  size_t bytes() const;
+};
+
+// Load-time repacking (single pass over the weight; parallel over tiles).
+// The source views must outlive the packed weight only for the scalar
+// fallback (use_ref); the packed arrays are self-contained otherwise.
+PackedFp8 PackFp8(const ref::Fp8Weight& w);
+PackedFp4 PackFp4(const ref::Fp4Weight& w);
+PackedBf16 PackBf16(const ref::Bf16Weight& w);
+
+// ------------------------------------------------------------------ linears
+// Same contracts as the ref:: operators of the same name (ref_ops.h), with the
+// packed weight in place of the view; results are bit-identical to them for
+// every M, thread count and dispatch target. x and y must not alias.
+//
+// FP8 linear: act_block must be a multiple of 32 that divides in (32 for
+// V4.1), as for ref::LinearFp8.
+void LinearFp8(const float* x, int64_t M, const PackedFp8& w, int act_block, float* y);
+// FP4 routed-expert linear: act_block a multiple of 32 dividing in.
+void LinearFp4(const float* x, int64_t M, const PackedFp4& w, int act_block, float* y);
+// BF16 linear, FP32 accumulation in increasing k; BF16 output. `pairs` selects
+// the pair order (inside each pair (k, k+1) the k+1 product is added first,
+// then k; an odd last element last), which the model is evaluating as the
+// reference's BF16 matmul order. Note: g++ 12.2 -O2 vectorises and
+// reassociates a scalar loop written in that pair order (wrong code); the
+// scalar oracle in the test is compiled without tree vectorisation.
+void LinearBf16(const float* x, int64_t M, const PackedBf16& w, float* y, bool pairs = false);
+// FP32 input × BF16-upcast weight, FP32 output (head, router, ratio-2
+// compressor): as ref::LinearF32Bf16W.
+void LinearF32Bf16W(const float* x, int64_t M, const PackedBf16& w, float* y);
+// Grouped BF16 `wo_a` (as ref::GroupedLinearBf16): wa.out = groups·R; when R
+// is not a multiple of 64 the scalar path is used.
+void GroupedLinearBf16(const float* o, int64_t M, int groups, const PackedBf16& wa, float* z,
+                       bool pairs = false);
+
+// ------------------------------------------------------------------ activation quantiser
+// Fused activation quantisation of rows x [M, K] (model-spec §3.1(b) step 1),
+// bit-identical to QuantizeActE4M3 followed by E4M3ToFloat: writes
+// q[m·K + k] = E4M3 value of the quantised element × 256 (the FP8 kernels'
+// operand; exact) and sa[m·(K/B) + b] = the block's power-of-two scale as FP32.
+void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, float* sa);
+
+// ------------------------------------------------------------------ dispatch control
+// Name of the Highway target the kernels dispatch to now ("AVX3", "AVX2",
+// "EMU128", "SCALAR", ...).
+std::string ActiveTarget();
+// The targets compiled into the kernels that this CPU supports, best first.
+std::vector<int64_t> AvailableTargets();
+// Restricts dispatch to `target` (one HWY_* bit from AvailableTargets()), or
+// restores normal dispatch for 0. For tests and benchmarks; not thread-safe
+// with concurrent kernel calls.
+void ForceTarget(int64_t target);
+std::string TargetName(int64_t target);
+
+}  // namespace deepinfer::cpu

@@ -1,0 +1,117 @@
+// deepinfer/kernels/cpu/hwy_util-inl.h — per-target helpers shared by the
+// kernels/cpu translation units (Highway "-inl" header: included once per
+// target from inside a foreach_target TU).
+
+// Per-target include guard (the Highway idiom).
+#if defined(DEEPINFER_KERNELS_CPU_HWY_UTIL_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef DEEPINFER_KERNELS_CPU_HWY_UTIL_INL_H_
+#undef DEEPINFER_KERNELS_CPU_HWY_UTIL_INL_H_
+#else
+#define DEEPINFER_KERNELS_CPU_HWY_UTIL_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/cpu/linear_common.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace deepinfer::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+constexpr size_t kLanes = hn::MaxLanes(DF());
+
+// RoundBf16 (format/numerics.h) on a vector: round-to-nearest-even to BF16,
+// NaN kept quiet with its sign and top payload bits; returns the FP32 value.
+HWY_INLINE VF RoundBf16V(VF v) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const auto u = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+  const auto rounded = hn::And(hn::Add(hn::Add(u, hn::Set(du, 0x7FFFu)), lsb), hn::Set(du, 0xFFFF0000u));
+  const auto nan = hn::And(hn::Or(u, hn::Set(du, 0x00400000u)), hn::Set(du, 0xFFFF0000u));
+  return hn::IfThenElse(hn::IsNaN(v), hn::BitCast(df, nan), hn::BitCast(df, rounded));
+}
+
+// Stores the first `n` lanes of v (n <= kLanes).
+HWY_INLINE void StorePartial(VF v, size_t n, float* p) {
+  const DF df;
+  if (n == kLanes) {
+    hn::StoreU(v, df, p);
+  } else {
+    HWY_ALIGN float tmp[kLanes];
+    hn::Store(v, df, tmp);
+    for (size_t i = 0; i < n; ++i) p[i] = tmp[i];
+  }
+}
+
+
+// Micro-tile shape per target: V vectors of kLanes output rows (V·kLanes
+// divides 64) × MT activation rows. Chosen so the MT·V partial sums, one
+// weight vector and the broadcasts fit the register file (32 zmm / 16 ymm).
+constexpr int kMicroV = kLanes >= 8 ? 4 : (kLanes == 4 ? 4 : 8);
+constexpr int kMicroMT = kLanes >= 16 ? 6 : (kLanes == 8 ? 3 : 1);
+constexpr int64_t kMicroRows = kMicroV * static_cast<int64_t>(kLanes);
+static_assert(kTileRows % kMicroRows == 0, "micro-tile rows must divide the tile");
+
+template <int I>
+using IntC = std::integral_constant<int, I>;
+
+// Calls f(IntC<V>, IntC<mt>) for mt = rem (1 <= rem <= MT).
+template <int V, int MT, typename F>
+HWY_INLINE void WithMT(int rem, F&& f) {
+  if constexpr (MT >= 1) {
+    if (rem >= MT) {
+      f(IntC<V>(), IntC<MT>());
+    } else {
+      WithMT<V, MT - 1>(rem, f);
+    }
+  }
+}
+
+// Runs items [item0, item1) of a: each item is (tile, m-chunk); inside it,
+// every micro column of the tile × every MT rows of the chunk.
+// micro(IntC<V>, IntC<MT>, a, tile, roff, m0).
+template <int V, int MT, typename Micro>
+HWY_INLINE void RunItems(const QArgs& a, int64_t item0, int64_t item1, Micro&& micro) {
+  for (int64_t it = item0; it < item1; ++it) {
+    const int64_t tile = it / a.mchunks, mc = it % a.mchunks;
+    const int64_t m_begin = mc * a.mchunk, m_end = std::min(a.M, m_begin + a.mchunk);
+    const int64_t rows_left = a.N - tile * kTileRows;
+    for (int64_t roff = 0; roff < kTileRows && roff < rows_left; roff += kMicroRows) {
+      for (int64_t m0 = m_begin; m0 < m_end; m0 += MT) {
+        const int rem = static_cast<int>(std::min<int64_t>(MT, m_end - m0));
+        WithMT<V, MT>(rem, [&](auto vt, auto mt) { micro(vt, mt, a, tile, roff, m0); });
+      }
+    }
+  }
+}
+
+// Writes the FP32 accumulators acc[MT][V·kLanes] of rows m0.. and output
+// columns n0.. to a.y (row stride a.ldy), BF16-rounded when `round`, clipped
+// at a.N.
+template <int V, int MT>
+HWY_INLINE void StoreRows(const float* acc, const QArgs& a, int64_t m0, int64_t n0, bool round) {
+  const DF df;
+  for (int m = 0; m < MT; ++m) {
+    float* yr = a.y + (m0 + m) * a.ldy;
+    for (int v = 0; v < V; ++v) {
+      const int64_t n = n0 + v * static_cast<int64_t>(kLanes);
+      if (n >= a.N) break;
+      VF r = hn::Load(df, acc + m * V * kLanes + v * kLanes);
+      if (round) r = RoundBf16V(r);
+      StorePartial(r, static_cast<size_t>(std::min<int64_t>(kLanes, a.N - n)), yr + n);
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace deepinfer::cpu
+HWY_AFTER_NAMESPACE();
+
+#endif  // per-target include guard

@@ -1,0 +1,130 @@
+// BF16-weight linears: LinearBf16 / GroupedLinearBf16 (BF16 output) and
+// LinearF32Bf16W (FP32 output: head, router, ratio-2 compressor),
+// bit-identical to the ref:: operators of the same names (see cpu_ops.h).
+//
+// Per output row n (one SIMD lane) and input row m: acc = 0; for k in
+// increasing order acc = acc + x[m,k]·w[n,k] (FP32, BF16 weight widened
+// exactly); in `pairs` order (ref::DotBf16) k+1 is added before k inside each
+// pair. y = bf16(acc) or acc.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/linear_bf16.cc"
+#include "kernels/cpu/hwy_targets.h"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/hwy_util-inl.h"
+#include "kernels/cpu/linear_common.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace deepinfer::cpu {
+namespace HWY_NAMESPACE {
+
+HWY_INLINE VF Bf16Load(const uint16_t* p) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint16_t, DF> d16;
+  return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, p))));
+}
+
+template <int V, int MT>
+HWY_INLINE void Bf16Micro(const QArgs& a, const uint16_t* wt, const float* x, int64_t roff, int64_t m0, int64_t n0) {
+  const DF df;
+  VF acc[MT][V];
+  HWY_UNROLL(8)
+  for (int m = 0; m < MT; ++m) {
+    HWY_UNROLL(8)
+    for (int v = 0; v < V; ++v) acc[m][v] = hn::Zero(df);
+  }
+  const float* xr = x + m0 * a.ldq;
+  const int64_t K = a.K;
+  auto step = [&](int64_t k) HWY_ATTR {
+    const uint16_t* wk = wt + k * kTileRows + roff;
+    HWY_UNROLL(8)
+    for (int v = 0; v < V; ++v) {
+      const VF w = Bf16Load(wk + v * kLanes);
+      HWY_UNROLL(8)
+      for (int m = 0; m < MT; ++m) acc[m][v] = hn::Add(acc[m][v], hn::Mul(hn::Set(df, xr[m * a.ldq + k]), w));
+    }
+  };
+  if (!a.pairs) {
+    for (int64_t k = 0; k < K; ++k) step(k);
+  } else {
+    int64_t k = 0;
+    for (; k + 1 < K; k += 2) {
+      step(k + 1);
+      step(k);
+    }
+    if (k < K) step(k);
+  }
+  HWY_ALIGN float out[MT][V * kLanes];
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < V; ++v) hn::Store(acc[m][v], df, out[m] + v * kLanes);
+  StoreRows<V, MT>(out[0], a, m0, n0 + roff, a.round);
+}
+
+void RunBf16Items(const QArgs& a, int64_t item0, int64_t item1) {
+  RunItems<kMicroV, kMicroMT>(a, item0, item1, [&](auto vt, auto mt, const QArgs& aa, int64_t tile, int64_t roff,
+                                                     int64_t m0) {
+    constexpr int kV = decltype(vt)::value, kMT = decltype(mt)::value;
+    const float* x = aa.q;
+    if (aa.group_rows > 0) x += ((tile * kTileRows) / aa.group_rows) * aa.group_in;
+    Bf16Micro<kV, kMT>(aa, aa.wb + tile * aa.K * kTileRows, x, roff, m0, tile * kTileRows);
+  });
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace deepinfer::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace deepinfer::cpu {
+HWY_EXPORT(RunBf16Items);
+
+namespace {
+void RunBf16(const float* x, int64_t M, const PackedBf16& w, float* y, bool pairs, bool round, int64_t ldq,
+             int64_t group_rows, int64_t group_in) {
+  QArgs a;
+  a.K = w.src.in;
+  a.N = w.src.out;
+  a.M = M;
+  a.tiles = w.tiles;
+  a.wb = w.w.get();
+  a.q = x;
+  a.ldq = ldq;
+  a.y = y;
+  a.ldy = a.N;
+  a.pairs = pairs;
+  a.round = round;
+  a.group_rows = group_rows;
+  a.group_in = group_in;
+  ParallelItems(a, HWY_DYNAMIC_DISPATCH(RunBf16Items));
+}
+}  // namespace
+
+void LinearBf16(const float* x, int64_t M, const PackedBf16& w, float* y, bool pairs) {
+  if (M <= 0) return;
+  RunBf16(x, M, w, y, pairs, /*round=*/true, w.src.in, 0, 0);
+}
+
+void LinearF32Bf16W(const float* x, int64_t M, const PackedBf16& w, float* y) {
+  if (M <= 0) return;
+  RunBf16(x, M, w, y, /*pairs=*/false, /*round=*/false, w.src.in, 0, 0);
+}
+
+void GroupedLinearBf16(const float* o, int64_t M, int groups, const PackedBf16& wa, float* z, bool pairs) {
+  if (M <= 0) return;
+  const int64_t R = wa.src.out / groups;
+  if (R % kTileRows != 0) {
+    // A tile would straddle two groups: keep the reference's loop. (It
+    // reproduces the sequential order; the pair order is ref-only here.)
+    ref::GroupedLinearBf16(o, M, groups, wa.src, z);
+    return;
+  }
+  RunBf16(o, M, wa, z, pairs, /*round=*/true, wa.src.in * groups, R, wa.src.in);
+}
+
+}  // namespace deepinfer::cpu
+#endif  // HWY_ONCE

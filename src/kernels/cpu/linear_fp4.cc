@@ -1,0 +1,142 @@
+// FP4 E2M1 routed-expert linear × FP8-quantised activations (GEMV/GEMM),
+// bit-identical to ref::LinearFp4 (see cpu_ops.h).
+//
+// Per output row n (one SIMD lane) and activation row m, as the reference:
+// for each 32-wide weight group g, partial = 0; for k = 32g .. 32g+31 in
+// order, partial = partial + q[m,k]·w[n,k]; then acc = acc +
+// (partial·s_act[m, 32g/act_block])·s_w[n,g]; y = bf16(acc). Operands: q·2^8
+// and the E2M1 value ·2^-8 from a 16-entry table (exact products). The
+// repacked byte of (row, j) holds k = 2j (low nibble) and 2j+1 (high nibble).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/linear_fp4.cc"
+#include "kernels/cpu/hwy_targets.h"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/hwy_util-inl.h"
+#include "kernels/cpu/linear_common.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace deepinfer::cpu {
+namespace HWY_NAMESPACE {
+
+// E2M1 values × 2^-8 (code 8 is −0).
+HWY_ALIGN static constexpr float kE2M1Div256[16] = {
+    0.0f,          0.5f / 256,  1.0f / 256,  1.5f / 256,  2.0f / 256,  3.0f / 256,  4.0f / 256,  6.0f / 256,
+    -0.0f,         -0.5f / 256, -1.0f / 256, -1.5f / 256, -2.0f / 256, -3.0f / 256, -4.0f / 256, -6.0f / 256};
+
+// Nibble codes (one per u32 lane, values 0..15) → E2M1 value × 2^-8.
+HWY_INLINE VF E2M1Lookup(hn::Vec<hn::RebindToUnsigned<DF>> code) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const hn::RebindToUnsigned<DF> du;
+  if constexpr (kLanes == 16) {
+    const VF tbl = hn::Load(df, kE2M1Div256);
+    return hn::TableLookupLanes(tbl, hn::IndicesFromVec(df, hn::BitCast(di, code)));
+  } else if constexpr (kLanes == 8) {
+    const VF tbl = hn::Load(df, kE2M1Div256);  // magnitudes: first 8 entries
+    const VF mag = hn::TableLookupLanes(tbl, hn::IndicesFromVec(df, hn::BitCast(di, hn::And(code, hn::Set(du, 7u)))));
+    const auto sign = hn::And(hn::ShiftLeft<28>(code), hn::Set(du, 0x80000000u));
+    return hn::BitCast(df, hn::Or(hn::BitCast(du, mag), sign));
+  } else {
+    return hn::GatherIndex(df, kE2M1Div256, hn::BitCast(di, code));
+  }
+}
+
+template <int V, int MT>
+HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, int64_t roff, int64_t m0, int64_t n0) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint8_t, DF> d8;
+  const int64_t groups = a.K / 32, kblocks = a.K / a.ab;
+  HWY_ALIGN float acc[MT][V * kLanes];
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < V; ++v) hn::Store(hn::Zero(df), df, acc[m] + v * kLanes);
+  const float* q = a.q + m0 * a.ldq;
+  const float* sa = a.sa + m0 * kblocks;
+  const auto nib = hn::Set(du, 0xFu);
+  for (int64_t g = 0; g < groups; ++g) {
+    VF part[MT][V];
+    HWY_UNROLL(8)
+    for (int m = 0; m < MT; ++m) {
+      HWY_UNROLL(8)
+      for (int v = 0; v < V; ++v) part[m][v] = hn::Zero(df);
+    }
+    const uint8_t* wj = wt + g * 16 * kTileRows + roff;
+    for (int64_t k = g * 32; k < g * 32 + 32; k += 2, wj += kTileRows) {
+      HWY_UNROLL(8)
+      for (int v = 0; v < V; ++v) {
+        const auto b = hn::PromoteTo(du, hn::LoadU(d8, wj + v * kLanes));
+        const VF wl = E2M1Lookup(hn::And(b, nib));
+        const VF wh = E2M1Lookup(hn::ShiftRight<4>(b));
+        HWY_UNROLL(8)
+        for (int m = 0; m < MT; ++m) {
+          part[m][v] = hn::Add(part[m][v], hn::Mul(hn::Set(df, q[m * a.ldq + k]), wl));
+          part[m][v] = hn::Add(part[m][v], hn::Mul(hn::Set(df, q[m * a.ldq + k + 1]), wh));
+        }
+      }
+    }
+    const uint8_t* sg = st + g * kTileRows + roff;
+    const int64_t kb = (g * 32) / a.ab;
+    HWY_UNROLL(8)
+    for (int v = 0; v < V; ++v) {
+      // UE8M0 byte b (1..254, checked at pack time) → 2^(b−127).
+      const VF sw = hn::BitCast(df, hn::ShiftLeft<23>(hn::PromoteTo(du, hn::LoadU(d8, sg + v * kLanes))));
+      HWY_UNROLL(8)
+      for (int m = 0; m < MT; ++m) {
+        const VF s = hn::Set(df, sa[m * kblocks + kb]);
+        const VF prev = hn::Load(df, acc[m] + v * kLanes);
+        hn::Store(hn::Add(prev, hn::Mul(hn::Mul(part[m][v], s), sw)), df, acc[m] + v * kLanes);
+      }
+    }
+  }
+  StoreRows<V, MT>(acc[0], a, m0, n0 + roff, /*round=*/true);
+}
+
+void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
+  RunItems<kMicroV, kMicroMT>(a, item0, item1, [&](auto vt, auto mt, const QArgs& aa, int64_t tile, int64_t roff,
+                                                     int64_t m0) {
+    constexpr int kV = decltype(vt)::value, kMT = decltype(mt)::value;
+    Fp4Micro<kV, kMT>(aa, aa.w + tile * (aa.K / 2) * kTileRows, aa.s + tile * (aa.K / 32) * kTileRows, roff, m0,
+                   tile * kTileRows);
+  });
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace deepinfer::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace deepinfer::cpu {
+HWY_EXPORT(RunFp4);
+
+void LinearFp4(const float* x, int64_t M, const PackedFp4& w, int act_block, float* y) {
+  if (M <= 0) return;
+  if (w.use_ref || act_block % 32 != 0 || w.src.in % act_block != 0) {
+    ref::LinearFp4(x, M, w.src, act_block, y);
+    return;
+  }
+  QArgs a;
+  a.K = w.src.in;
+  a.N = w.src.out;
+  a.M = M;
+  a.ab = act_block;
+  a.tiles = w.tiles;
+  a.w = w.w.get();
+  a.s = w.s.get();
+  a.y = y;
+  a.ldy = a.N;
+  a.ldq = a.K;
+  ActBuffers& buf = ThreadActBuffers();
+  buf.Resize(M * a.K, M * (a.K / act_block));
+  QuantizeActRows(x, M, a.K, act_block, buf.q.data(), buf.sa.data());
+  a.q = buf.q.data();
+  a.sa = buf.sa.data();
+  ParallelItems(a, HWY_DYNAMIC_DISPATCH(RunFp4));
+}
+
+}  // namespace deepinfer::cpu
+#endif  // HWY_ONCE

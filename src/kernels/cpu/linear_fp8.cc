@@ -1,0 +1,126 @@
+// FP8 E4M3 × FP8-quantised-activation linear (GEMV for decode, GEMM for
+// prefill), bit-identical to ref::LinearFp8 (see cpu_ops.h for the argument).
+//
+// Per output row n (one SIMD lane) and activation row m, exactly as the
+// reference: for each K block kb (act_block wide), partial = 0; for k in the
+// block in increasing order, partial = partial + q[m,k]·w[n,k]; then
+// acc = acc + (partial·s_act[m,kb])·s_w(n,kb); y = bf16(acc). The operands are
+// q·2^8 (from QuantizeActRows) and w·2^-8 (the E4M3 code turned into an FP16
+// bit pattern by a sign-extend, a shift and a mask, then converted to FP32),
+// whose product is the exact q·w.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/linear_fp8.cc"
+#include "kernels/cpu/hwy_targets.h"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/hwy_util-inl.h"
+#include "kernels/cpu/linear_common.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace deepinfer::cpu {
+namespace HWY_NAMESPACE {
+
+// 16/8/.. E4M3 codes at p (one per lane) → FP32 value × 2^-8 (exact).
+HWY_INLINE VF E4M3Div256(const uint8_t* p) {
+  const DF df;
+  const hn::Rebind<int8_t, DF> d8;
+  const hn::Rebind<int16_t, DF> d16;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const auto b = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p)));
+  const auto h = hn::And(hn::ShiftLeft<7>(b), hn::Set(d16, static_cast<int16_t>(-16512)));  // 0xBF80
+  return hn::PromoteTo(df, hn::BitCast(dh, h));
+}
+
+// Micro-tile: V vectors of output rows (V·kLanes rows starting at row `roff`
+// of the 64-row tile) × MT activation rows, over the whole K.
+template <int V, int MT>
+HWY_INLINE void Fp8Micro(const QArgs& a, const uint8_t* wt, const float* ws_t, int64_t roff, int64_t m0,
+                      int64_t n0) {
+  const DF df;
+  const int64_t kblocks = a.K / a.ab;
+  HWY_ALIGN float acc[MT][V * kLanes];
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < V; ++v) hn::Store(hn::Zero(df), df, acc[m] + v * kLanes);
+  const float* q = a.q + m0 * a.ldq;
+  const float* sa = a.sa + m0 * kblocks;
+  for (int64_t kb = 0; kb < kblocks; ++kb) {
+    VF part[MT][V];
+    HWY_UNROLL(8)
+    for (int m = 0; m < MT; ++m) {
+      HWY_UNROLL(8)
+      for (int v = 0; v < V; ++v) part[m][v] = hn::Zero(df);
+    }
+    const int64_t k0 = kb * a.ab;
+    const uint8_t* wk = wt + k0 * kTileRows + roff;
+    for (int64_t k = k0; k < k0 + a.ab; ++k, wk += kTileRows) {
+      HWY_UNROLL(8)
+      for (int v = 0; v < V; ++v) {
+        const VF w = E4M3Div256(wk + v * kLanes);
+        HWY_UNROLL(8)
+        for (int m = 0; m < MT; ++m) part[m][v] = hn::Add(part[m][v], hn::Mul(hn::Set(df, q[m * a.ldq + k]), w));
+      }
+    }
+    const float* wsk = ws_t + (k0 / 32) * 4;
+    HWY_UNROLL(8)
+    for (int m = 0; m < MT; ++m) {
+      const VF s = hn::Set(df, sa[m * kblocks + kb]);
+      HWY_UNROLL(8)
+      for (int v = 0; v < V; ++v) {
+        const VF sw = hn::Set(df, wsk[(roff + v * static_cast<int64_t>(kLanes)) / 16]);
+        const VF prev = hn::Load(df, acc[m] + v * kLanes);
+        hn::Store(hn::Add(prev, hn::Mul(hn::Mul(part[m][v], s), sw)), df, acc[m] + v * kLanes);
+      }
+    }
+  }
+  StoreRows<V, MT>(acc[0], a, m0, n0 + roff, /*round=*/true);
+}
+
+void RunFp8(const QArgs& a, int64_t item0, int64_t item1) {
+  RunItems<kMicroV, kMicroMT>(a, item0, item1, [&](auto vt, auto mt, const QArgs& aa, int64_t tile, int64_t roff,
+                                                 int64_t m0) {
+    constexpr int kV = decltype(vt)::value, kMT = decltype(mt)::value;
+    const int64_t K = aa.K;
+    Fp8Micro<kV, kMT>(aa, aa.w + tile * K * kTileRows, aa.ws + tile * (K / 32) * 4, roff, m0, tile * kTileRows);
+  });
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace deepinfer::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace deepinfer::cpu {
+HWY_EXPORT(RunFp8);
+
+void LinearFp8(const float* x, int64_t M, const PackedFp8& w, int act_block, float* y) {
+  if (M <= 0) return;
+  if (w.use_ref || act_block % 32 != 0 || w.src.in % act_block != 0) {
+    ref::LinearFp8(x, M, w.src, act_block, y);
+    return;
+  }
+  QArgs a;
+  a.K = w.src.in;
+  a.N = w.src.out;
+  a.M = M;
+  a.ab = act_block;
+  a.tiles = w.tiles;
+  a.w = w.w.get();
+  a.ws = w.ws.get();
+  a.y = y;
+  a.ldy = a.N;
+  a.ldq = a.K;
+  ActBuffers& buf = ThreadActBuffers();
+  buf.Resize(M * a.K, M * (a.K / act_block));
+  QuantizeActRows(x, M, a.K, act_block, buf.q.data(), buf.sa.data());
+  a.q = buf.q.data();
+  a.sa = buf.sa.data();
+  ParallelItems(a, HWY_DYNAMIC_DISPATCH(RunFp8));
+}
+
+}  // namespace deepinfer::cpu
+#endif  // HWY_ONCE

@@ -1,0 +1,121 @@
+// Load-time repacking of FP8 / FP4 / BF16 weights into the 64-row interleaved
+// layouts the kernels stream (cpu_ops.h). A pure data transform: no value is
+// converted except the FP8 block scales (E8M0 → FP32 with E8M0ToFloat, the
+// reference's own conversion).
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "format/numerics.h"
+
+namespace deepinfer::cpu {
+
+void AlignedFree::operator()(void* p) const { std::free(p); }
+
+template <typename T>
+AlignedArray<T> AllocateAligned(size_t n) {
+  const size_t bytes = ((n * sizeof(T) + 63) / 64) * 64;
+  void* p = std::aligned_alloc(64, bytes == 0 ? 64 : bytes);
+  if (p == nullptr) throw std::bad_alloc();
+  return AlignedArray<T>(static_cast<T*>(p));
+}
+template AlignedArray<uint8_t> AllocateAligned<uint8_t>(size_t);
+template AlignedArray<uint16_t> AllocateAligned<uint16_t>(size_t);
+template AlignedArray<float> AllocateAligned<float>(size_t);
+
+size_t PackedFp8::bytes() const {
+  return static_cast<size_t>(tiles * kTileRows * src.in) + static_cast<size_t>(tiles * (src.in / 32) * 4 * 4);
+}
+size_t PackedFp4::bytes() const {
+  return static_cast<size_t>(tiles * kTileRows * (src.in / 2)) + static_cast<size_t>(tiles * kTileRows * (src.in / 32));
+}
+size_t PackedBf16::bytes() const { return static_cast<size_t>(tiles * kTileRows * src.in * 2); }
+
+namespace {
+
+// dst[t][k][r] = src[(64t + r)·K + k] for elements of type T (rows >= N: 0).
+template <typename T>
+void Interleave(const T* src, int64_t N, int64_t K, int64_t tiles, T* dst) {
+  constexpr int64_t kKB = 64;  // k-block: a 64×64 transpose stays in L1
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    T* d = dst + t * K * kTileRows;
+    for (int64_t k0 = 0; k0 < K; k0 += kKB) {
+      const int64_t k1 = std::min(K, k0 + kKB);
+      for (int64_t r = 0; r < kTileRows; ++r) {
+        const int64_t n = t * kTileRows + r;
+        if (n < N) {
+          const T* s = src + n * K;
+          for (int64_t k = k0; k < k1; ++k) d[k * kTileRows + r] = s[k];
+        } else {
+          for (int64_t k = k0; k < k1; ++k) d[k * kTileRows + r] = T(0);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+PackedFp8 PackFp8(const ref::Fp8Weight& w) {
+  PackedFp8 p;
+  p.src = w;
+  const int64_t N = w.out, K = w.in, B = w.block;
+  p.tiles = (N + kTileRows - 1) / kTileRows;
+  // The repacked kernel needs one scale per 16 rows × 32 columns.
+  if (B <= 0 || B % 32 != 0 || K % 32 != 0) {
+    p.use_ref = true;
+    return p;
+  }
+  for (int64_t i = 0; i < N * K && !p.use_ref; ++i) p.use_ref = E4M3IsNaN(w.w[i]);
+  if (p.use_ref) return p;
+  p.w = AllocateAligned<uint8_t>(static_cast<size_t>(p.tiles * K * kTileRows));
+  Interleave(w.w, N, K, p.tiles, p.w.get());
+  const int64_t kc = K / 32, scale_cols = (K + B - 1) / B;
+  p.ws = AllocateAligned<float>(static_cast<size_t>(p.tiles * kc * 4));
+  for (int64_t t = 0; t < p.tiles; ++t)
+    for (int64_t c = 0; c < kc; ++c)
+      for (int64_t g = 0; g < 4; ++g) {
+        const int64_t n = t * kTileRows + g * 16;
+        p.ws[(t * kc + c) * 4 + g] = n < N ? E8M0ToFloat(w.scale[(n / B) * scale_cols + (c * 32) / B]) : 1.0f;
+      }
+  return p;
+}
+
+PackedFp4 PackFp4(const ref::Fp4Weight& w) {
+  PackedFp4 p;
+  p.src = w;
+  const int64_t N = w.out, K = w.in;
+  p.tiles = (N + kTileRows - 1) / kTileRows;
+  if (K % 32 != 0) {
+    p.use_ref = true;
+    return p;
+  }
+  const int64_t groups = K / 32;
+  // The kernel turns a scale byte b into 2^(b-127) by a shift: valid for 1..254.
+  for (int64_t i = 0; i < N * groups && !p.use_ref; ++i) p.use_ref = w.scale[i] == 0 || w.scale[i] == 0xFF;
+  if (p.use_ref) return p;
+  p.w = AllocateAligned<uint8_t>(static_cast<size_t>(p.tiles * (K / 2) * kTileRows));
+  Interleave(w.w, N, K / 2, p.tiles, p.w.get());
+  p.s = AllocateAligned<uint8_t>(static_cast<size_t>(p.tiles * groups * kTileRows));
+  Interleave(w.scale, N, groups, p.tiles, p.s.get());
+  // Padding rows: scale byte 127 (1.0) so their (discarded) results stay finite.
+  for (int64_t t = 0; t < p.tiles; ++t)
+    for (int64_t r = 0; r < kTileRows; ++r)
+      if (t * kTileRows + r >= N)
+        for (int64_t g = 0; g < groups; ++g) p.s[(t * groups + g) * kTileRows + r] = 127;
+  return p;
+}
+
+PackedBf16 PackBf16(const ref::Bf16Weight& w) {
+  PackedBf16 p;
+  p.src = w;
+  p.tiles = (w.out + kTileRows - 1) / kTileRows;
+  p.w = AllocateAligned<uint16_t>(static_cast<size_t>(p.tiles * w.in * kTileRows));
+  Interleave(w.w, w.out, w.in, p.tiles, p.w.get());
+  return p;
+}
+
+}  // namespace deepinfer::cpu

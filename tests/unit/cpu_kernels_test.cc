@@ -1,0 +1,349 @@
+// The fast CPU kernels (kernels/cpu/cpu_ops.h) against the scalar reference
+// operators (kernels/ref/ref_ops.h): bit-identical outputs on random inputs
+// for every compiled Highway target this CPU supports, for M = 1, odd M, M
+// spanning several row chunks, odd N (padding rows), both thread counts, and
+// special values. Also checks that the tests can see an order change (the
+// in-block FP32 sums really are inexact on these inputs).
+#include <gtest/gtest.h>
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "format/numerics.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ref/ref_ops.h"
+
+namespace deepinfer::cpu {
+namespace {
+
+// Bitwise equality, any NaN equal to any NaN (payloads are not specified).
+::testing::AssertionResult SameBits(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i]) && std::isnan(want[i])) continue;
+    if (FloatBits(got[i]) != FloatBits(want[i])) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++bad;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << got.size() << " differ; first at " << first << ": got "
+                                       << got[first] << " want " << want[first];
+}
+
+// BF16-exact activations with a wide dynamic range inside each 32-block (so
+// quantised values span the E4M3 subnormals and in-block sums round), some
+// exact zeros and negative zeros.
+std::vector<float> RandomActs(int64_t n, uint64_t seed, float lo_exp = -12.0f, float hi_exp = 6.0f) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> e(lo_exp, hi_exp), u(1.0f, 2.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) {
+    const uint64_t r = rng();
+    if (r % 29 == 0) { v = (r & 64) ? -0.0f : 0.0f; continue; }
+    v = RoundBf16(std::ldexp(u(rng), static_cast<int>(e(rng))) * ((r & 1) ? -1.0f : 1.0f));
+  }
+  return x;
+}
+
+std::vector<uint8_t> RandomE4M3(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> w(n);
+  for (auto& c : w) {
+    do c = static_cast<uint8_t>(rng()); while (E4M3IsNaN(c));
+  }
+  return w;
+}
+
+std::vector<uint8_t> RandomScales(int64_t n, uint64_t seed, int lo = 110, int hi = 135) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> s(n);
+  for (auto& b : s) b = static_cast<uint8_t>(lo + rng() % (hi - lo + 1));
+  return s;
+}
+
+std::vector<uint16_t> RandomBf16(int64_t n, uint64_t seed) {
+  const std::vector<float> f = RandomActs(n, seed, -9.0f, 2.0f);
+  std::vector<uint16_t> w(n);
+  for (int64_t i = 0; i < n; ++i) w[i] = FloatToBf16(f[i]);
+  return w;
+}
+
+// Runs body once per available dispatch target (and restores dispatch).
+template <typename F>
+void ForEachTarget(F&& body) {
+  const std::vector<int64_t> targets = AvailableTargets();
+  ASSERT_FALSE(targets.empty());
+  for (int64_t t : targets) {
+    ForceTarget(t);
+    SCOPED_TRACE("target " + TargetName(t));
+    EXPECT_EQ(ActiveTarget(), TargetName(t));
+    body();
+  }
+  ForceTarget(0);
+}
+
+struct Shape {
+  int64_t M, N, K;
+};
+const std::vector<Shape> kShapes = {
+    {1, 64, 32}, {1, 100, 96}, {2, 130, 256}, {3, 17, 64}, {7, 64, 160}, {13, 200, 128}, {100, 70, 96}, {1, 1, 32}};
+
+TEST(CpuKernels, TargetsIncludeBaseline) {
+  const std::vector<int64_t> t = AvailableTargets();
+  ASSERT_FALSE(t.empty());
+  // The fallback (EMU128 or SCALAR) is always compiled and supported.
+  const std::string last = TargetName(t.back());
+  EXPECT_TRUE(last == "EMU128" || last == "SCALAR") << last;
+}
+
+TEST(CpuKernels, QuantizeActRowsMatchesScalarQuantiser) {
+  const int64_t K = 256;
+  std::vector<float> x = RandomActs(8 * K, 11);
+  // Row 1: ties on the E4M3 grid (x/s exactly half-way), subnormal ties, and
+  // the clamp edge; row 2: tiny values (amax floor 1e-4); row 3: huge values.
+  for (int64_t k = 0; k < K; ++k) {
+    const float s = 1.0f;  // with amax = 448 the scale is 1
+    const float ties[] = {448.0f, 17.0f, 9.0f, 4.25f, 0.0146484375f /* 7.5·2^-9 */, 0.0009765625f /* 0.5·2^-9 */,
+                          -13.0f, 3.0f * 0.0009765625f, 240.0f, 432.0f, -432.0f, 0.5f};
+    x[K + k] = ties[k % 12] * s;
+    x[2 * K + k] = std::ldexp(1.0f + (k % 7) / 8.0f, -20 - static_cast<int>(k % 9)) * ((k & 1) ? -1.0f : 1.0f);
+    x[3 * K + k] = std::ldexp(1.0f + (k % 5) / 4.0f, 100 + static_cast<int>(k % 20));
+  }
+  x[4 * K + 5] = std::nanf("");                              // row 4: NaN → scalar path
+  x[5 * K + 7] = -std::numeric_limits<float>::infinity();    // row 5: −Inf → scalar path
+  const int64_t M = 8;
+  ForEachTarget([&] {
+    for (int B : {32, 128}) {
+      std::vector<float> q(M * K), sa(M * K / B);
+      QuantizeActRows(x.data(), M, K, B, q.data(), sa.data());
+      std::vector<uint8_t> codes(K), sb(K / B);
+      std::vector<float> want_q(M * K), want_sa(M * K / B);
+      for (int64_t m = 0; m < M; ++m) {
+        QuantizeActE4M3(x.data() + m * K, K, B, codes.data(), sb.data());
+        for (int64_t k = 0; k < K; ++k) want_q[m * K + k] = E4M3ToFloat(codes[k]) * 256.0f;
+        for (int64_t b = 0; b < K / B; ++b) want_sa[m * (K / B) + b] = E8M0ToFloat(sb[b]);
+      }
+      EXPECT_TRUE(SameBits(q, want_q)) << "B=" << B;
+      EXPECT_TRUE(SameBits(sa, want_sa)) << "B=" << B;
+    }
+  });
+}
+
+void CheckFp8(int64_t M, int64_t N, int64_t K, int B, int act_block, uint64_t seed) {
+  const int64_t sc = (K + B - 1) / B;
+  const std::vector<uint8_t> w = RandomE4M3(N * K, seed);
+  const std::vector<uint8_t> s = RandomScales(((N + B - 1) / B) * sc, seed + 1);
+  const std::vector<float> x = RandomActs(M * K, seed + 2);
+  const ref::Fp8Weight view{w.data(), s.data(), N, K, B};
+  std::vector<float> want(M * N), got(M * N, -1.0f);
+  ref::LinearFp8(x.data(), M, view, act_block, want.data());
+  const PackedFp8 p = PackFp8(view);
+  ASSERT_FALSE(p.use_ref);
+  LinearFp8(x.data(), M, p, act_block, got.data());
+  EXPECT_TRUE(SameBits(got, want)) << "M=" << M << " N=" << N << " K=" << K << " B=" << B;
+}
+
+TEST(CpuKernels, LinearFp8BitIdentical) {
+  ForEachTarget([&] {
+    uint64_t seed = 100;
+    for (const Shape& sh : kShapes) CheckFp8(sh.M, sh.N, sh.K, 32, 32, seed += 7);
+    CheckFp8(5, 130, 256, 128, 128, 900);  // V4 style 128×128 blocks
+    CheckFp8(3, 300, 384, 128, 128, 901);
+  });
+}
+
+void CheckFp4(int64_t M, int64_t N, int64_t K, int act_block, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> w(N * K / 2);
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  const std::vector<uint8_t> s = RandomScales(N * (K / 32), seed + 1);
+  const std::vector<float> x = RandomActs(M * K, seed + 2);
+  const ref::Fp4Weight view{w.data(), s.data(), N, K};
+  std::vector<float> want(M * N), got(M * N, -1.0f);
+  ref::LinearFp4(x.data(), M, view, act_block, want.data());
+  const PackedFp4 p = PackFp4(view);
+  ASSERT_FALSE(p.use_ref);
+  LinearFp4(x.data(), M, p, act_block, got.data());
+  EXPECT_TRUE(SameBits(got, want)) << "M=" << M << " N=" << N << " K=" << K << " ab=" << act_block;
+}
+
+TEST(CpuKernels, LinearFp4BitIdentical) {
+  ForEachTarget([&] {
+    uint64_t seed = 200;
+    for (const Shape& sh : kShapes) CheckFp4(sh.M, sh.N, sh.K, 32, seed += 7);
+    CheckFp4(4, 96, 256, 128, 990);  // V4 style: 128-wide activation blocks
+  });
+}
+
+// Scalar pair order (what oneDNN's BF16 dot-product instructions do per
+// lane): inside each pair (k, k+1) the k+1 product is added first.
+// Not vectorised: g++ 12.2 at -O2 vectorises this two-statement reduction
+// chain and reassociates it (wrong code; the result then differs from the
+// sequential order written here on most inputs).
+__attribute__((optimize("no-tree-vectorize"))) float PairsDot(const float* a, const float* b, int64_t K) {
+  float acc = 0.0f;
+  int64_t k = 0;
+  for (; k + 1 < K; k += 2) {
+    acc = acc + a[k + 1] * b[k + 1];
+    acc = acc + a[k] * b[k];
+  }
+  if (k < K) acc = acc + a[k] * b[k];
+  return acc;
+}
+
+std::vector<float> RefBf16Pairs(const std::vector<float>& x, int64_t M, const std::vector<uint16_t>& w, int64_t N,
+                                int64_t K, int64_t ldx, int64_t x_off_per_group, int64_t R) {
+  std::vector<float> y(M * N), wf(K);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t k = 0; k < K; ++k) wf[k] = Bf16ToFloat(w[n * K + k]);
+      const float* xr = x.data() + m * ldx + (R > 0 ? (n / R) * x_off_per_group : 0);
+      y[m * N + n] = RoundBf16(PairsDot(xr, wf.data(), K));
+    }
+  return y;
+}
+
+TEST(CpuKernels, LinearBf16AndHeadBitIdentical) {
+  ForEachTarget([&] {
+    uint64_t seed = 300;
+    for (const Shape& sh : kShapes) {
+      for (int64_t K : {sh.K, sh.K + 3}) {  // BF16 linears take any K
+        seed += 7;
+        const std::vector<uint16_t> w = RandomBf16(sh.N * K, seed);
+        const std::vector<float> x = RandomActs(sh.M * K, seed + 1, -8.0f, 3.0f);
+        const ref::Bf16Weight view{w.data(), sh.N, K};
+        const PackedBf16 p = PackBf16(view);
+        std::vector<float> want(sh.M * sh.N), got(sh.M * sh.N, -1.0f);
+        ref::LinearBf16(x.data(), sh.M, view, want.data());
+        LinearBf16(x.data(), sh.M, p, got.data());
+        EXPECT_TRUE(SameBits(got, want)) << "LinearBf16 M=" << sh.M << " N=" << sh.N << " K=" << K;
+        LinearBf16(x.data(), sh.M, p, got.data(), /*pairs=*/true);
+        EXPECT_TRUE(SameBits(got, RefBf16Pairs(x, sh.M, w, sh.N, K, K, 0, 0))) << "pairs";
+        // Head-style: arbitrary FP32 inputs, FP32 outputs.
+        std::vector<float> xf(sh.M * K);
+        std::mt19937_64 rng(seed + 2);
+        std::normal_distribution<float> nd(0.0f, 3.0f);
+        for (auto& v : xf) v = nd(rng);
+        ref::LinearF32Bf16W(xf.data(), sh.M, view, want.data());
+        LinearF32Bf16W(xf.data(), sh.M, p, got.data());
+        EXPECT_TRUE(SameBits(got, want)) << "LinearF32Bf16W M=" << sh.M << " N=" << sh.N << " K=" << K;
+      }
+    }
+  });
+}
+
+TEST(CpuKernels, GroupedLinearBf16BitIdentical) {
+  ForEachTarget([&] {
+    for (int64_t M : {1, 3, 9}) {
+      const int groups = 4;
+      const int64_t R = 64, Kg = 96;
+      const std::vector<uint16_t> w = RandomBf16(groups * R * Kg, 400 + M);
+      const std::vector<float> o = RandomActs(M * groups * Kg, 500 + M, -6.0f, 3.0f);
+      const ref::Bf16Weight view{w.data(), groups * R, Kg};
+      const PackedBf16 p = PackBf16(view);
+      std::vector<float> want(M * groups * R), got(M * groups * R, -1.0f);
+      ref::GroupedLinearBf16(o.data(), M, groups, view, want.data());
+      GroupedLinearBf16(o.data(), M, groups, p, got.data());
+      EXPECT_TRUE(SameBits(got, want)) << "M=" << M;
+      GroupedLinearBf16(o.data(), M, groups, p, got.data(), /*pairs=*/true);
+      EXPECT_TRUE(SameBits(got, RefBf16Pairs(o, M, w, groups * R, Kg, groups * Kg, Kg, R))) << "pairs M=" << M;
+    }
+  });
+}
+
+// A row's result must not depend on M, on the other rows or on the threads.
+TEST(CpuKernels, RowsIndependentOfBatchAndThreads) {
+  const int64_t N = 192, K = 512, M = 37;
+  const std::vector<uint8_t> w = RandomE4M3(N * K, 7);
+  const std::vector<uint8_t> s = RandomScales((N / 32) * (K / 32), 8);
+  const std::vector<float> x = RandomActs(M * K, 9);
+  const PackedFp8 p = PackFp8({w.data(), s.data(), N, K, 32});
+  std::vector<uint8_t> w4(N * K / 2);
+  for (size_t i = 0; i < w4.size(); ++i) w4[i] = w[i];
+  const std::vector<uint8_t> s4 = RandomScales(N * K / 32, 10);
+  const PackedFp4 p4 = PackFp4({w4.data(), s4.data(), N, K});
+  const int saved = omp_get_max_threads();
+  std::vector<float> all8(M * N), all4(M * N);
+  omp_set_num_threads(2);
+  LinearFp8(x.data(), M, p, 32, all8.data());
+  LinearFp4(x.data(), M, p4, 32, all4.data());
+  omp_set_num_threads(1);
+  for (int64_t m = 0; m < M; m += 5) {
+    std::vector<float> one(N);
+    LinearFp8(x.data() + m * K, 1, p, 32, one.data());
+    EXPECT_TRUE(SameBits(one, std::vector<float>(all8.begin() + m * N, all8.begin() + (m + 1) * N))) << m;
+    LinearFp4(x.data() + m * K, 1, p4, 32, one.data());
+    EXPECT_TRUE(SameBits(one, std::vector<float>(all4.begin() + m * N, all4.begin() + (m + 1) * N))) << m;
+  }
+  omp_set_num_threads(saved);
+}
+
+// The random inputs above are strong enough to notice a different summation
+// order: summing each 32-block in reverse changes some outputs.
+TEST(CpuKernels, InputsAreOrderSensitive) {
+  const int64_t N = 256, K = 512;
+  const std::vector<uint8_t> w = RandomE4M3(N * K, 21);
+  const std::vector<float> x = RandomActs(K, 22);
+  std::vector<uint8_t> q(K), sb(K / 32);
+  QuantizeActE4M3(x.data(), K, 32, q.data(), sb.data());
+  int64_t differ = 0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < K / 32; ++b) {
+      float fwd = 0.0f, rev = 0.0f;
+      for (int64_t k = b * 32; k < b * 32 + 32; ++k) fwd += E4M3ToFloat(q[k]) * E4M3ToFloat(w[n * K + k]);
+      for (int64_t k = b * 32 + 31; k >= b * 32; --k) rev += E4M3ToFloat(q[k]) * E4M3ToFloat(w[n * K + k]);
+      differ += FloatBits(fwd) != FloatBits(rev);
+    }
+  EXPECT_GT(differ, 100) << "in-block sums were (almost) always exact: the test data is too tame";
+}
+
+TEST(CpuKernels, SpecialWeightsFallBackToScalar) {
+  const int64_t M = 3, N = 64, K = 64;
+  std::vector<uint8_t> w = RandomE4M3(N * K, 31);
+  w[5 * K + 9] = 0x7F;  // NaN code
+  const std::vector<uint8_t> s = RandomScales((N / 32) * (K / 32), 32);
+  const std::vector<float> x = RandomActs(M * K, 33);
+  const ref::Fp8Weight view{w.data(), s.data(), N, K, 32};
+  const PackedFp8 p = PackFp8(view);
+  EXPECT_TRUE(p.use_ref);
+  std::vector<float> want(M * N), got(M * N);
+  ref::LinearFp8(x.data(), M, view, 32, want.data());
+  LinearFp8(x.data(), M, p, 32, got.data());
+  EXPECT_TRUE(SameBits(got, want));
+  EXPECT_TRUE(std::isnan(got[5]));
+  // FP4 with a zero scale byte (2^-127) also takes the scalar path.
+  std::vector<uint8_t> w4(N * K / 2, 0x77), s4 = RandomScales(N * K / 32, 34);
+  s4[3] = 0;
+  const PackedFp4 p4 = PackFp4({w4.data(), s4.data(), N, K});
+  EXPECT_TRUE(p4.use_ref);
+}
+
+TEST(CpuKernels, NonFiniteActivationRowStaysIsolated) {
+  const int64_t M = 3, N = 64, K = 64;
+  const std::vector<uint8_t> w = RandomE4M3(N * K, 41);
+  const std::vector<uint8_t> s = RandomScales(4, 42);
+  std::vector<float> x = RandomActs(M * K, 43);
+  x[K + 3] = std::nanf("");
+  const ref::Fp8Weight view{w.data(), s.data(), N, K, 32};
+  const PackedFp8 p = PackFp8(view);
+  std::vector<float> want(M * N), got(M * N);
+  ref::LinearFp8(x.data(), M, view, 32, want.data());
+  ForEachTarget([&] {
+    LinearFp8(x.data(), M, p, 32, got.data());
+    EXPECT_TRUE(SameBits(got, want));
+    for (int64_t n = 0; n < N; ++n) {
+      EXPECT_FALSE(std::isnan(got[n]));
+      EXPECT_TRUE(std::isnan(got[N + n]));
+    }
+  });
+}
+
+}  // namespace
+}  // namespace deepinfer::cpu
