@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev libzstd-dev libicu-dev
   nodejs npm python3 python3-numpy
+  gnuplot-nox  # PNG plots of `deepinfer bench`
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
