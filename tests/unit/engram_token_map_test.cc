@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "base/error.h"
+#include "model/config.h"
 #include "tokenizer/engram_token_map.h"
 #include "tokenizer/tiny_tokenizer_files.h"
 #include "tokenizer_testing.h"
@@ -78,6 +79,22 @@ TEST(EngramTokenMap, TinyTokenizerMapIsByteIdenticalToGolden) {
   EXPECT_EQ(m.ids[2], golden[2]);  // the Engram pad id's entry
   EXPECT_EQ(m.ids[128815], 98627);
   EXPECT_EQ(m.ids[129279], 99091);
+}
+
+// The model directory written by `deepinfer make-tiny` (the ctest fixture
+// passes it as DEEPINFER_TINY_DIR): its tokenizer and config, loaded the way
+// the engine loads them, give the golden map.
+TEST(EngramTokenMap, MakeTinyModelDirectoryYieldsGoldenMap) {
+  const char* dir = std::getenv("DEEPINFER_TINY_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "DEEPINFER_TINY_DIR not set (run through ctest)";
+  const ModelConfig cfg = ModelConfig::Load(dir);
+  const Tokenizer tok = Tokenizer::Load(dir);
+  EXPECT_EQ(tok.size(), cfg.vocab_size);
+  const EngramTokenMap m = BuildCheckedEngramTokenMap(tok, cfg.engram_compressed_vocab_size, cfg.vocab_size, dir);
+  EXPECT_EQ(m.compressed_vocab_size, 99092);
+  const auto golden = GoldenMap();
+  ASSERT_EQ(m.ids.size(), golden.size());
+  EXPECT_EQ(std::memcmp(m.ids.data(), golden.data(), golden.size() * 4), 0);
 }
 
 TEST(EngramTokenMap, SizeMismatchWithConfigIsAnError) {
