@@ -22,6 +22,7 @@ class V41Backend : public ModelBackend {
   StateGeometry Geometry(int64_t block_size) const override { return model_->geometry(block_size); }
   void Forward(const std::vector<BackendSeq>& seqs, std::vector<float>* logits) override {
     v41::ForwardBatch batch;
+    batch.per_row_layout = true;  // chunk- and batch-invariant rows (model.h)
     batch.seqs.reserve(seqs.size());
     for (const BackendSeq& s : seqs) {
       v41::ForwardSeq f;

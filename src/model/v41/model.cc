@@ -443,7 +443,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
       rows.clear();
       slots.clear();
       ringbuf.resize(static_cast<size_t>(win * D));
-      const bool prefill_layout = qi.start == 0;
+      const bool prefill_layout = qi.start == 0 && !b_.per_row_layout;
       const int64_t W = prefill_layout ? std::min<int64_t>(qi.T, win) : win;
       const int64_t first = std::max<int64_t>(0, p - win + 1);
       for (int64_t qpos = first; qpos <= p; ++qpos) {
@@ -460,7 +460,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
       int64_t list_len = W;
       std::vector<uint16_t> cbuf;
       if (ratio > 0) {
-        const int64_t E = (qi.start + qi.T) / ratio;
+        const int64_t E = b_.per_row_layout ? (p + 1) / ratio : (qi.start + qi.T) / ratio;
         const int64_t K = std::min<int64_t>(c_.index_topk, E);
         const std::vector<int32_t>& sel = sel_[l][r];
         cbuf.resize(sel.size() * D);
@@ -636,8 +636,16 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
       const int64_t p = qi.start + i;
       const int64_t row = qi.row0 + i;
       const int64_t V = (p + 1) / r;  // visible compressed positions
+      // Per-row layout: the row is scored exactly as a one-token decode at p would be.
+      const int64_t Er = b_.per_row_layout ? V : E;
+      const int64_t Kr = std::min<int64_t>(c_.index_topk, Er);
+      if (Er == 0) {
+        if (is_cand_source) cand_[row].assign(E, 0);
+        sel_[l][row].clear();
+        continue;
+      }
       const float* qrow = qI.data() + i * nh * ID;
-      for (int64_t j = 0; j < E; ++j) {
+      for (int64_t j = 0; j < Er; ++j) {
         // score(p, j) = Σ_h w_h·ReLU(q_h·k_j), each product and the head sum BF16.
         float acc = 0.0f;
         for (int64_t h = 0; h < nh; ++h) {
@@ -653,9 +661,9 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
       if (is_cand_source) {
         // Candidate blocks: block score = max over its positions; the newest
         // visible block forced to +inf; keep the top blocks that are not −inf.
-        const int64_t nb = (E + bs - 1) / bs;
+        const int64_t nb = (Er + bs - 1) / bs;
         std::vector<float> bsc(nb, ninf);
-        for (int64_t j = 0; j < E; ++j) bsc[j / bs] = std::max(bsc[j / bs], score[j]);
+        for (int64_t j = 0; j < Er; ++j) bsc[j / bs] = std::max(bsc[j / bs], score[j]);
         const int64_t last = V >= 1 ? (V - 1) / bs : -1;
         if (last >= 0) bsc[last] = std::numeric_limits<float>::infinity();
         const int64_t kb = std::min<int64_t>(c_.candidate_topk_blocks, nb);
@@ -665,16 +673,16 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
         for (int64_t t = 0; t < kb; ++t) {
           const int64_t bk = idx[t];
           if (!(bsc[bk] > ninf)) continue;
-          for (int64_t j = bk * bs; j < std::min(E, (bk + 1) * bs); ++j) mask[j] = 1;
+          for (int64_t j = bk * bs; j < std::min(Er, (bk + 1) * bs); ++j) mask[j] = 1;
         }
       } else if (uses_cand) {
         const std::vector<uint8_t>& mask = cand_[row];
-        for (int64_t j = 0; j < E; ++j)
+        for (int64_t j = 0; j < Er; ++j)
           if (!mask[j]) score[j] = ninf;
       }
-      ref::TorchTopK(score.data(), E, K, /*sorted=*/false, idx.data());
+      ref::TorchTopK(score.data(), Er, Kr, /*sorted=*/false, idx.data());
       std::vector<int32_t> chosen;
-      for (int64_t t = 0; t < K; ++t)
+      for (int64_t t = 0; t < Kr; ++t)
         if (idx[t] < V) chosen.push_back(static_cast<int32_t>(idx[t]));
       std::sort(chosen.begin(), chosen.end());
       sel_[l][row] = std::move(chosen);

@@ -64,6 +64,18 @@ struct ForwardSeq {
 
 struct ForwardBatch {
   std::vector<ForwardSeq> seqs;
+  // Attention-list and indexer layout.
+  //  false (default): the reference's own — a start_pos-0 call is laid out
+  //    like the reference's prefill, any other call like its decode, and the
+  //    indexer's top-k size follows the call's compressed length; so results
+  //    depend on how a sequence is chunked, exactly as the reference's do
+  //    (golden prefill parity).
+  //  true: every row is computed exactly as the reference's one-token decode
+  //    at that row's position would compute it (decode window layout,
+  //    k = min(index_topk, ⌊(p+1)/ratio⌋) per row), so a row's result depends
+  //    only on the sequence's tokens up to it: identical under any chunking,
+  //    batching or preemption-recompute. The serving engine uses this.
+  bool per_row_layout = false;
 };
 
 // Per-layer intermediates of ONE sequence (debug switch), in the layout of the
