@@ -9,13 +9,18 @@ APT_PACKAGES=(
   libhwy-dev libopenblas-dev libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev
   libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev libzstd-dev libicu-dev
-  nodejs npm python3 python3-numpy
+  nodejs python3 python3-numpy
   gnuplot-nox  # PNG plots of `deepinfer bench`
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm: Debian's package, unless the installed Node.js already brings its own (e.g. nodesource's
+# nodejs package ships npm and conflicts with Debian's npm package).
+if ! command -v npm >/dev/null 2>&1; then
+  dpkg-query -W -f='${Status}' npm 2>/dev/null | grep -q "install ok installed" || missing+=(npm)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
