@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -381,6 +382,13 @@ HttpServer::HttpServer(ServerOptions options, EngineFactory factory) : impl_(std
   impl_->svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   impl_->svr.set_payload_max_length(impl_->opts.max_request_bytes);
   impl_->svr.set_tcp_nodelay(true);
+  // cpp-httplib's default sets SO_REUSEPORT, which lets a second server bind
+  // the same port and silently share its traffic. Only SO_REUSEADDR here: a
+  // busy port is an error, a port in TIME_WAIT can be reused.
+  impl_->svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
+  });
   impl_->Routes();
 }
 

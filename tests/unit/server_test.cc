@@ -478,6 +478,26 @@ TEST(HttpServer, LoadFailureStopsTheServerWithTheMessage) {
   EXPECT_NE(f.run_error().find("/nowhere does not exist"), std::string::npos) << f.run_error();
 }
 
+TEST(HttpServer, ABusyPortIsAnErrorNamingIt) {
+  ServerFixture first;
+  ServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = first.port();
+  o.served_model_names = {"tiny"};
+  bool factory_called = false;
+  HttpServer second(o, [&] {
+    factory_called = true;
+    return OpenFake();
+  });
+  try {
+    second.Bind();
+    ADD_FAILURE() << "a second server bound the same port";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(first.port())), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(factory_called);  // nothing is loaded when the port cannot be bound
+}
+
 TEST(HttpServer, CompletionsAreReproducibleAndRespectN) {
   ServerFixture f;
   ASSERT_TRUE(f.WaitReady());
