@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   deepinfer::cli::RegisterTokenize(app);
   deepinfer::cli::RegisterDetokenize(app);
   deepinfer::cli::RegisterGenerate(app);
+  deepinfer::cli::RegisterServe(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

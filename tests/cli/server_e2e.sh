@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# End-to-end test of `deepinfer serve`: starts the server on the tiny V4.1
+# checkpoint on a free loopback port and drives it with the official `openai`
+# npm client (tests/server/*.test.mjs, node's test runner).
+# Usage: server_e2e.sh <path-to-deepinfer> <source-dir>
+# Uses $DEEPINFER_TINY_DIR when it holds a checkpoint, else makes one with make-tiny.
+set -euo pipefail
+BIN=$(realpath "$1")
+SRC=$(realpath "$2")
+NPM_DIR="$SRC/tools/npm"
+
+command -v node >/dev/null || { echo "server_e2e: node is not installed (scripts/setup.sh installs it)"; exit 1; }
+[ -d "$NPM_DIR/node_modules/openai" ] || { echo "server_e2e: $NPM_DIR/node_modules/openai is missing: run scripts/setup.sh"; exit 1; }
+
+WORK=$(mktemp -d)
+SERVER_PID=""
+cleanup() {
+  if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -TERM "$SERVER_PID" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SERVER_PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+MODEL="${DEEPINFER_TINY_DIR:-}"
+if [ -z "$MODEL" ] || [ ! -f "$MODEL/config.json" ] || [ ! -f "$MODEL/tokenizer.json" ]; then
+  MODEL="$WORK/tiny"
+  "$BIN" make-tiny --arch deepseek_v41 "$MODEL" >/dev/null
+fi
+
+API_KEY="e2e-$RANDOM$RANDOM"
+# --port 0: the kernel picks a free port; the log line names it.
+"$BIN" serve "$MODEL" --host 127.0.0.1 --port 0 --served-model-name tiny --api-key "$API_KEY" \
+  --max-model-len 256 --max-num-seqs 16 --max-num-batched-tokens 512 --max-request-bytes 1000000 \
+  >"$WORK/server.log" 2>&1 &
+SERVER_PID=$!
+
+PORT=""
+for _ in $(seq 1 300); do
+  PORT=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$WORK/server.log" | head -1 | sed 's/.*://' || true)
+  [ -n "$PORT" ] && break
+  kill -0 "$SERVER_PID" 2>/dev/null || { echo "server_e2e: server exited:"; cat "$WORK/server.log"; exit 1; }
+  sleep 0.1
+done
+[ -n "$PORT" ] || { echo "server_e2e: no port in the log"; cat "$WORK/server.log"; exit 1; }
+
+set +e
+DEEPINFER_URL="http://127.0.0.1:$PORT" DEEPINFER_API_KEY="$API_KEY" DEEPINFER_NPM_DIR="$NPM_DIR" \
+  timeout 800 node --test --test-reporter=spec "$SRC"/tests/server/*.test.mjs
+rc=$?
+set -e
+if [ $rc -ne 0 ]; then
+  echo "server_e2e: node tests failed (rc=$rc); server log:"
+  tail -n 50 "$WORK/server.log"
+  exit 1
+fi
+
+# Graceful shutdown on SIGTERM.
+kill -TERM "$SERVER_PID"
+for _ in $(seq 1 200); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$SERVER_PID" 2>/dev/null; then echo "server_e2e: server did not stop on SIGTERM"; exit 1; fi
+wait "$SERVER_PID" || { echo "server_e2e: server exited with an error on SIGTERM"; tail -n 20 "$WORK/server.log"; exit 1; }
+SERVER_PID=""
+echo "server_e2e: ok"
