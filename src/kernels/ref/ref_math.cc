@@ -251,14 +251,17 @@ void TorchRowSum(const float* x, int64_t size, float* out) {
 }  // namespace
 
 float TorchSum(const float* x, int64_t n) {
-  constexpr int kLanes = 16;  // Vectorized<float>::size() on AVX-512
-  if (n < kLanes) {           // cascade_sum → scalar_inner_sum → row_sum
+  // torch registers its sum kernel without an AVX-512 variant (REGISTER_DISPATCH
+  // leaves the AVX-512 slot empty), so AVX-512 CPUs run the AVX2 kernel:
+  // Vectorized<float> has 8 lanes.
+  constexpr int kLanes = 8;
+  if (n < kLanes) {  // cascade_sum → scalar_inner_sum → row_sum
     float r;
     TorchRowSum<1>(x, n, &r);
     return r;
   }
   // vectorized_inner_sum: row_sum over whole vectors, then the scalar tail,
-  // then the 16 lanes in order.
+  // then the lanes in order.
   const int64_t vec_size = n / kLanes;
   float lanes[kLanes];
   TorchRowSum<kLanes>(x, vec_size, lanes);

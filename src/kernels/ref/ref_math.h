@@ -13,7 +13,10 @@
 //     correctly rounded; glibc's expf differs from them in the last bit for
 //     some inputs.
 //   * TorchSum: torch's CPU sum of a contiguous float row (cascade_sum /
-//     vectorized_inner_sum with 16-lane vectors and 4-way ILP).
+//     vectorized_inner_sum with 4-way ILP). torch dispatches most elementwise
+//     and reduction kernels only up to AVX2 (REGISTER_DISPATCH leaves the
+//     AVX-512 slot empty), so the vectors have 8 float lanes even on AVX-512
+//     CPUs; verified against the golden dumps (16 lanes breaks bit-exactness).
 //   * TorchTopK: torch's CPU topk index selection (topk_impl_loop: libstdc++
 //     nth_element / partial_sort on (value, index) pairs), including its
 //     tie-breaking, which the V4.1 indexer hits often (bf16 scores, ReLU zeros).
@@ -33,8 +36,9 @@ float SleefLog1pf(float x);
 float SleefPowf(float x, float y);
 
 // Sum of n contiguous floats in the order of torch's CPU float sum over the
-// innermost dimension (AVX-512: 16 lanes, 4 independent vector accumulators,
-// multi-level cascade every 16 steps, scalar tail added before the lanes).
+// innermost dimension (AVX2 kernel: 8 lanes, 4 independent vector
+// accumulators, multi-level cascade every 16 steps, scalar tail added before
+// the lanes; rows shorter than 8 use the scalar 4-way row_sum).
 float TorchSum(const float* x, int64_t n);
 
 // Indices of the k largest values of v[0..n) chosen exactly as torch's CPU

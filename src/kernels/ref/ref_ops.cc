@@ -384,8 +384,10 @@ void Router(const float* x, int64_t M, const Bf16Weight& gate, const float* cons
   }
 }
 
-int32_t VectorPathCount(int64_t r, int64_t rows, int64_t per_row) {
-  const int64_t vec_end = (rows * per_row) / 32 * 32;
+int32_t VectorPathCount(int64_t r, int64_t rows, int64_t per_row, int lanes) {
+  // vectorized_loop handles 2 vectors per step.
+  const int64_t step = 2 * lanes;
+  const int64_t vec_end = (rows * per_row) / step * step;
   const int64_t c = vec_end - r * per_row;
   return static_cast<int32_t>(std::clamp<int64_t>(c, 0, per_row));
 }

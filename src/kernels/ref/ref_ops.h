@@ -157,8 +157,10 @@ void Router(const float* x, int64_t M, const Bf16Weight& gate, const float* cons
 
 // How many of `per_row` consecutive elements of row r (of a [rows, per_row]
 // contiguous tensor, one sequence's call of `rows` rows) torch processes on
-// the vectorised path of an elementwise kernel (cpu_kernel_vec handles
-// floor(n/32)·32 elements vectorised and the tail with scalar code).
-int32_t VectorPathCount(int64_t r, int64_t rows, int64_t per_row);
+// the vectorised path of an elementwise kernel: cpu_kernel_vec's
+// vectorized_loop handles floor(n / 2·lanes)·2·lanes elements with vectors of
+// `lanes` floats (16 for kernels torch dispatches with AVX-512, such as
+// sigmoid; 8 for AVX2-only ones) and the tail with scalar code.
+int32_t VectorPathCount(int64_t r, int64_t rows, int64_t per_row, int lanes);
 
 }  // namespace deepinfer::ref

@@ -206,8 +206,14 @@ void ForwardPass::Run() {
       row_seq_[r] = s;
       row_pos_[r] = seq_[s].start + i;
       row_in_seq_[r] = i;
-      sig_vec_[r] = ref::VectorPathCount(i, seq_[s].T, hc);
-      soft_vec_[r] = ref::VectorPathCount(i, seq_[s].T, c_.n_routed_experts);
+      // Which rows of the [T, hc] sigmoids and [T, E] softplus take torch's
+      // vectorised path (SLEEF exp) in the reference's call of T rows; those
+      // kernels are dispatched with AVX-512 (16 lanes, 32 floats per step).
+      // Per-row layout computes every row as a one-token call.
+      const int64_t r_in = b_.per_row_layout ? 0 : i;
+      const int64_t rows = b_.per_row_layout ? 1 : seq_[s].T;
+      sig_vec_[r] = ref::VectorPathCount(r_in, rows, hc, 16);
+      soft_vec_[r] = ref::VectorPathCount(r_in, rows, c_.n_routed_experts, 16);
     }
   DebugRecord* dbg = (m_.debug_ && m_.debug_seq_ < S) ? m_.debug_ : nullptr;
   if (dbg) {
