@@ -29,8 +29,8 @@ void Charge(int region, int64_t now) {
 }  // namespace
 
 const char* RegionName(Region r) {
-  static const char* const kNames[kN] = {"embed", "mhc",    "norm",   "attention", "compressor",
-                                         "indexer", "router", "moe", "head"};
+  static const char* const kNames[kN] = {"embed",   "mhc",    "norm", "attention", "attention_core",
+                                         "compressor", "indexer", "router", "moe", "head"};
   const int i = static_cast<int>(r);
   return i >= 0 && i < kN ? kNames[i] : "?";
 }

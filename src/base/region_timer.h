@@ -18,7 +18,8 @@ enum class Region : int {
   kEmbed = 0,   // token embedding, Engram
   kMhc,         // mHC mixes / Sinkhorn / collapse / expand
   kNorm,        // RMSNorms outside other regions
-  kAttention,   // q/kv projections, RoPE, sparse attention, output projection
+  kAttention,   // attention projections (wq_a, wq_b, wkv, wo_a, wo_b) and norms
+  kAttnCore,    // RoPE, KV QAT, window ring, sparse attention (the non-GEMM part)
   kCompressor,  // KV compressor
   kIndexer,     // indexer scores and top-k
   kRouter,      // MoE gate and top-k

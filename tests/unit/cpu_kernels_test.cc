@@ -80,6 +80,7 @@ template <typename F>
 void ForEachTarget(F&& body) {
   const std::vector<int64_t> targets = AvailableTargets();
   ASSERT_FALSE(targets.empty());
+  SetMinParallelMacs(0);  // exercise the OpenMP split even on these small shapes
   for (int64_t t : targets) {
     ForceTarget(t);
     SCOPED_TRACE("target " + TargetName(t));
@@ -87,6 +88,7 @@ void ForEachTarget(F&& body) {
     body();
   }
   ForceTarget(0);
+  SetMinParallelMacs(int64_t{1} << 20);
 }
 
 struct Shape {
@@ -272,9 +274,11 @@ TEST(CpuKernels, RowsIndependentOfBatchAndThreads) {
   const int saved = omp_get_max_threads();
   std::vector<float> all8(M * N), all4(M * N);
   omp_set_num_threads(2);
+  SetMinParallelMacs(0);
   LinearFp8(x.data(), M, p, 32, all8.data());
   LinearFp4(x.data(), M, p4, 32, all4.data());
   omp_set_num_threads(1);
+  SetMinParallelMacs(int64_t{1} << 20);  // single rows: the serial path
   for (int64_t m = 0; m < M; m += 5) {
     std::vector<float> one(N);
     LinearFp8(x.data() + m * K, 1, p, 32, one.data());
@@ -341,6 +345,113 @@ TEST(CpuKernels, NonFiniteActivationRowStaysIsolated) {
     for (int64_t n = 0; n < N; ++n) {
       EXPECT_FALSE(std::isnan(got[n]));
       EXPECT_TRUE(std::isnan(got[N + n]));
+    }
+  });
+}
+
+}  // namespace
+}  // namespace deepinfer::cpu
+
+namespace deepinfer::cpu {
+namespace {
+
+TEST(CpuKernels, LinearF32BitIdentical) {
+  ForEachTarget([&] {
+    for (const Shape& sh : kShapes) {
+      std::mt19937_64 rng(sh.M * 1000 + sh.N);
+      std::normal_distribution<float> nd(0.0f, 2.0f);
+      std::vector<float> w(sh.N * sh.K), x(sh.M * sh.K);
+      for (auto& v : w) v = nd(rng);
+      for (auto& v : x) v = nd(rng);
+      const PackedF32 p = PackF32(w.data(), sh.N, sh.K);
+      std::vector<float> want(sh.M * sh.N), got(sh.M * sh.N, -1.0f);
+      ref::LinearF32(x.data(), sh.M, w.data(), sh.N, sh.K, want.data());
+      LinearF32(x.data(), sh.M, p, got.data());
+      EXPECT_TRUE(SameBits(got, want)) << "M=" << sh.M << " N=" << sh.N << " K=" << sh.K;
+    }
+  });
+}
+
+TEST(CpuKernels, RouterBitIdentical) {
+  const int64_t dim = 160, E = 24;
+  const int topk = 4;
+  ForEachTarget([&] {
+    for (int64_t M : {1, 5}) {
+      const std::vector<uint16_t> g = RandomBf16(E * dim, 600 + M);
+      const std::vector<float> x = RandomActs(M * dim, 601 + M, -6.0f, 2.0f);
+      std::vector<float> bias(E);
+      std::mt19937_64 rng(602);
+      for (auto& b : bias) b = static_cast<float>(rng() % 1000) / 5000.0f;
+      std::vector<const float*> bp(M, bias.data());
+      std::vector<int32_t> spv(M);
+      for (int64_t m = 0; m < M; ++m) spv[m] = static_cast<int32_t>((m * 7) % (E + 1));  // vector/scalar split varies
+      const ref::Bf16Weight view{g.data(), E, dim};
+      const PackedBf16 p = PackBf16(view);
+      for (bool norm : {false, true}) {
+        std::vector<int32_t> wi(M * topk), gi(M * topk);
+        std::vector<float> ww(M * topk), gw(M * topk);
+        ref::Router(x.data(), M, view, bp.data(), topk, 1.0f, norm, 1.5f, spv.data(), wi.data(), ww.data());
+        Router(x.data(), M, p, bp.data(), topk, 1.0f, norm, 1.5f, spv.data(), gi.data(), gw.data());
+        EXPECT_EQ(gi, wi) << "M=" << M;
+        EXPECT_TRUE(SameBits(gw, ww)) << "M=" << M;
+      }
+    }
+  });
+}
+
+TEST(CpuKernels, HcMixesBitIdentical) {
+  const int hc = 4;
+  const int64_t d = 96, mix = (2 + hc) * hc;
+  ForEachTarget([&] {
+    for (int64_t M : {1, 3, 8}) {
+      const std::vector<float> X = RandomActs(M * hc * d, 700 + M, -4.0f, 3.0f);
+      std::mt19937_64 rng(701);
+      std::normal_distribution<float> nd(0.0f, 0.05f);
+      std::vector<float> fn(mix * hc * d), base(mix), scale = {0.7f, 1.1f, 0.9f};
+      for (auto& v : fn) v = nd(rng);
+      for (auto& v : base) v = nd(rng) * 10.0f;
+      std::vector<int32_t> sig(M);
+      for (int64_t r = 0; r < M; ++r) sig[r] = static_cast<int32_t>((r * 3) % (hc + 1));  // vector/scalar split varies
+      const PackedF32 p = PackF32(fn.data(), mix, hc * d);
+      std::vector<float> wp(M * hc), wq(M * hc), wc(M * hc * hc), gp(M * hc), gq(M * hc), gc(M * hc * hc);
+      ref::HcMixes(X.data(), M, hc, d, fn.data(), base.data(), scale.data(), 1e-20f, 20, 1e-6f, sig.data(), wp.data(),
+                   wq.data(), wc.data());
+      HcMixes(X.data(), M, hc, d, p, base.data(), scale.data(), 1e-20f, 20, 1e-6f, sig.data(), gp.data(), gq.data(),
+              gc.data());
+      EXPECT_TRUE(SameBits(gp, wp)) << "pre M=" << M;
+      EXPECT_TRUE(SameBits(gq, wq)) << "post M=" << M;
+      EXPECT_TRUE(SameBits(gc, wc)) << "comb M=" << M;
+    }
+  });
+}
+
+TEST(CpuKernels, SparseAttentionBitIdentical) {
+  struct Case {
+    int H;
+    int64_t D;
+    int32_t list_len;
+  };
+  ForEachTarget([&] {
+    for (const Case& c : {Case{4, 128, 70}, Case{16, 512, 200}, Case{20, 72, 130}, Case{1, 64, 5}}) {
+      std::mt19937_64 rng(800 + c.H);
+      // Candidates at ascending slots with gaps; chunk 1 (slots 64..127) left empty when the list is long.
+      std::vector<int32_t> slots;
+      for (int32_t s = 0; s < c.list_len; ++s) {
+        if (c.list_len > 128 && s >= 64 && s < 128) continue;
+        if (rng() % 3 != 0) slots.push_back(s);
+      }
+      const int n = static_cast<int>(slots.size());
+      const std::vector<uint16_t> rows = RandomBf16(n * c.D, 801 + c.H);
+      std::vector<const uint16_t*> kv(n);
+      for (int i = 0; i < n; ++i) kv[i] = rows.data() + i * c.D;
+      std::vector<float> q = RandomActs(c.H * c.D, 802 + c.H, -3.0f, 2.0f);
+      std::vector<float> sink(c.H);
+      for (auto& s : sink) s = static_cast<float>(static_cast<int>(rng() % 200) - 100) / 25.0f;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+      std::vector<float> want(c.H * c.D), got(c.H * c.D, -1.0f);
+      ref::SparseAttention(q.data(), c.H, c.D, kv.data(), slots.data(), n, c.list_len, sink.data(), scale, want.data());
+      SparseAttention(q.data(), c.H, c.D, kv.data(), slots.data(), n, c.list_len, sink.data(), scale, got.data());
+      EXPECT_TRUE(SameBits(got, want)) << "H=" << c.H << " D=" << c.D << " n=" << n;
     }
   });
 }

@@ -61,10 +61,11 @@ bool QuantizeRow(const float* x, int64_t K, int B, float* q, float* sa) {
     }
     for (; i < B; ++i) amax = std::max(amax, std::fabs(x[b0 + i]));
     amax = std::max(amax, 1e-4f);
-    const uint8_t sb = Pow2CeilE8M0(amax * kInv448);
-    const float s = E8M0ToFloat(sb);
-    sa[b0 / B] = s;
-    const auto inv = hn::Set(df, 1.0f / s);
+    // s = 2^(b-127) with b = Pow2CeilE8M0(t) in [105, 254) for finite rows
+    // (amax >= 1e-4), so s and 1/s = 2^(127-b) are normal floats.
+    const uint32_t sb = Pow2CeilE8M0(amax * kInv448);
+    sa[b0 / B] = BitsFloat(sb << 23);
+    const auto inv = hn::Set(df, BitsFloat((254u - sb) << 23));
     int j = 0;
     for (; j + static_cast<int>(kLanes) <= B; j += static_cast<int>(kLanes)) {
       const auto xv = hn::LoadU(df, x + b0 + j);
@@ -75,8 +76,9 @@ bool QuantizeRow(const float* x, int64_t K, int B, float* q, float* sa) {
       const auto r = hn::Sub(hn::Add(a, c), c);
       hn::StoreU(hn::Mul(hn::CopySignToAbs(r, v), x256), df, q + b0 + j);
     }
+    const float inv_s = BitsFloat((254u - sb) << 23);
     for (; j < B; ++j) {
-      const float v = std::min(std::max(x[b0 + j] * (1.0f / s), -448.0f), 448.0f);
+      const float v = std::min(std::max(x[b0 + j] * inv_s, -448.0f), 448.0f);
       q[b0 + j] = E4M3ToFloat(FloatToE4M3(v)) * 256.0f;
     }
   }
@@ -97,6 +99,15 @@ HWY_EXPORT(ThisTarget);
 void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, float* sa) {
   auto* fn = HWY_DYNAMIC_DISPATCH(QuantizeRow);
   const int64_t kb = K / B;
+  if (M == 1) {
+    if (!fn(x, K, B, q, sa)) {
+      std::vector<uint8_t> codes(K), sb(kb);
+      QuantizeActE4M3(x, K, B, codes.data(), sb.data());
+      for (int64_t k = 0; k < K; ++k) q[k] = E4M3ToFloat(codes[k]) * 256.0f;
+      for (int64_t b = 0; b < kb; ++b) sa[b] = E8M0ToFloat(sb[b]);
+    }
+    return;
+  }
 #pragma omp parallel if (M * K >= (int64_t{1} << 16))
   {
     std::vector<uint8_t> codes, sb;

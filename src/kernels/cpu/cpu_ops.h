@@ -90,12 +90,21 @@ struct PackedBf16 {
   size_t bytes() const;
 };
 
+// FP32 weight [out, in] repacked like PackedBf16 (the mHC `hc_*_fn`).
+struct PackedF32 {
+  int64_t out = 0, in = 0;
+  int64_t tiles = 0;
+  AlignedArray<float> w;
+  size_t bytes() const;
+};
+
 // Load-time repacking (single pass over the weight; parallel over tiles).
 // The source views must outlive the packed weight only for the scalar
 // fallback (use_ref); the packed arrays are self-contained otherwise.
 PackedFp8 PackFp8(const ref::Fp8Weight& w);
 PackedFp4 PackFp4(const ref::Fp4Weight& w);
 PackedBf16 PackBf16(const ref::Bf16Weight& w);
+PackedF32 PackF32(const float* w, int64_t out, int64_t in);
 
 // ------------------------------------------------------------------ linears
 // Same contracts as the ref:: operators of the same name (ref_ops.h), with the
@@ -117,10 +126,33 @@ void LinearBf16(const float* x, int64_t M, const PackedBf16& w, float* y, bool p
 // FP32 input × BF16-upcast weight, FP32 output (head, router, ratio-2
 // compressor): as ref::LinearF32Bf16W.
 void LinearF32Bf16W(const float* x, int64_t M, const PackedBf16& w, float* y);
+// FP32 × FP32 weight, FP32 output, products and sums in increasing k: as
+// ref::LinearF32.
+void LinearF32(const float* x, int64_t M, const PackedF32& w, float* y);
 // Grouped BF16 `wo_a` (as ref::GroupedLinearBf16): wa.out = groups·R; when R
 // is not a multiple of 64 the scalar path is used.
 void GroupedLinearBf16(const float* o, int64_t M, int groups, const PackedBf16& wa, float* z,
                        bool pairs = false);
+
+// ------------------------------------------------------------------ non-GEMM ops
+// The reference operators whose inner loops are long sequential FP32 dot
+// products, with those dot products vectorised across outputs (same order per
+// output) and everything else copied from ref_ops.cc; bit-identical to the
+// ref:: operator of the same name (tests/unit/cpu_kernels_test.cc checks them
+// against the ref:: functions, so a change there shows up as a failure).
+//
+// As ref::Router, with the gate weight repacked (PackBf16(gate.weight())).
+void Router(const float* x, int64_t M, const PackedBf16& gate, const float* const* bias, int topk, float gate_temp,
+            bool norm_topk_prob, float route_scale, const int32_t* softplus_vec, int32_t* indices, float* weights);
+// As ref::HcMixes, with `fn` repacked (PackF32(fn, (2+hc)·hc, hc·d)).
+void HcMixes(const float* X, int64_t M, int hc, int64_t d, const PackedF32& fn, const float* base,
+             const float* scale, float norm_eps, int sinkhorn_iters, float hc_eps, const int32_t* sig_vec,
+             float* pre, float* post, float* comb);
+// As ref::SparseAttention (one query row, all heads; heads in parallel). The
+// q·k dot products run 16 (AVX-512) candidates per vector, each lane in the
+// reference's d order; P·V and the rescaling run along d.
+void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv, const int32_t* slot, int n,
+                     int32_t list_len, const float* sink, float softmax_scale, float* out);
 
 // ------------------------------------------------------------------ activation quantiser
 // Fused activation quantisation of rows x [M, K] (model-spec §3.1(b) step 1),
@@ -128,6 +160,13 @@ void GroupedLinearBf16(const float* o, int64_t M, int groups, const PackedBf16& 
 // q[m·K + k] = E4M3 value of the quantised element × 256 (the FP8 kernels'
 // operand; exact) and sa[m·(K/B) + b] = the block's power-of-two scale as FP32.
 void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, float* sa);
+
+// ------------------------------------------------------------------ threading
+// The linears split output tiles (and row chunks) over the OpenMP team
+// (base/parallel.h NumThreads()); a call with fewer than `macs` multiply-adds
+// (M·N·K) runs on the calling thread, which avoids a fork/join for the small
+// decode GEMVs (default 2^20). Never changes a result.
+void SetMinParallelMacs(int64_t macs);
 
 // ------------------------------------------------------------------ dispatch control
 // Name of the Highway target the kernels dispatch to now ("AVX3", "AVX2",

@@ -74,8 +74,22 @@ HWY_INLINE void WithMT(int rem, F&& f) {
   }
 }
 
+// Calls f(IntC<v>, IntC<mt>) for v = vt (1 <= vt <= V) and mt = rem.
+template <int V, int MT, typename F>
+HWY_INLINE void WithVMT(int vt, int rem, F&& f) {
+  if constexpr (V >= 1) {
+    if (vt >= V) {
+      WithMT<V, MT>(rem, f);
+    } else {
+      WithVMT<V - 1, MT>(vt, rem, f);
+    }
+  }
+}
+
 // Runs items [item0, item1) of a: each item is (tile, m-chunk); inside it,
-// every micro column of the tile × every MT rows of the chunk.
+// every micro column of the tile × every MT rows of the chunk. A micro column
+// past the last real row is skipped and the last one is narrowed to the
+// vectors that hold real rows (so an N = 24 weight streams 32 rows, not 64).
 // micro(IntC<V>, IntC<MT>, a, tile, roff, m0).
 template <int V, int MT, typename Micro>
 HWY_INLINE void RunItems(const QArgs& a, int64_t item0, int64_t item1, Micro&& micro) {
@@ -84,9 +98,11 @@ HWY_INLINE void RunItems(const QArgs& a, int64_t item0, int64_t item1, Micro&& m
     const int64_t m_begin = mc * a.mchunk, m_end = std::min(a.M, m_begin + a.mchunk);
     const int64_t rows_left = a.N - tile * kTileRows;
     for (int64_t roff = 0; roff < kTileRows && roff < rows_left; roff += kMicroRows) {
+      const int64_t rows_here = std::min<int64_t>(kMicroRows, rows_left - roff);
+      const int vt = static_cast<int>((rows_here + static_cast<int64_t>(kLanes) - 1) / static_cast<int64_t>(kLanes));
       for (int64_t m0 = m_begin; m0 < m_end; m0 += MT) {
         const int rem = static_cast<int>(std::min<int64_t>(MT, m_end - m0));
-        WithMT<V, MT>(rem, [&](auto vt, auto mt) { micro(vt, mt, a, tile, roff, m0); });
+        WithVMT<V, MT>(vt, rem, [&](auto v, auto mt) { micro(v, mt, a, tile, roff, m0); });
       }
     }
   }

@@ -1,5 +1,6 @@
 // BF16-weight linears: LinearBf16 / GroupedLinearBf16 (BF16 output) and
-// LinearF32Bf16W (FP32 output: head, router, ratio-2 compressor),
+// LinearF32Bf16W (FP32 output: head, router, ratio-2 compressor), and the
+// FP32-weight LinearF32 (mHC `hc_*_fn`),
 // bit-identical to the ref:: operators of the same names (see cpu_ops.h).
 //
 // Per output row n (one SIMD lane) and input row m: acc = 0; for k in
@@ -22,15 +23,17 @@ HWY_BEFORE_NAMESPACE();
 namespace deepinfer::cpu {
 namespace HWY_NAMESPACE {
 
-HWY_INLINE VF Bf16Load(const uint16_t* p) {
+HWY_INLINE VF LoadW(const float* p) { return hn::LoadU(DF(), p); }
+
+HWY_INLINE VF LoadW(const uint16_t* p) {
   const DF df;
   const hn::RebindToUnsigned<DF> du;
   const hn::Rebind<uint16_t, DF> d16;
   return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, p))));
 }
 
-template <int V, int MT>
-HWY_INLINE void Bf16Micro(const QArgs& a, const uint16_t* wt, const float* x, int64_t roff, int64_t m0, int64_t n0) {
+template <typename WT, int V, int MT>
+HWY_INLINE void Bf16Micro(const QArgs& a, const WT* wt, const float* x, int64_t roff, int64_t m0, int64_t n0) {
   const DF df;
   VF acc[MT][V];
   HWY_UNROLL(8)
@@ -41,10 +44,10 @@ HWY_INLINE void Bf16Micro(const QArgs& a, const uint16_t* wt, const float* x, in
   const float* xr = x + m0 * a.ldq;
   const int64_t K = a.K;
   auto step = [&](int64_t k) HWY_ATTR {
-    const uint16_t* wk = wt + k * kTileRows + roff;
+    const WT* wk = wt + k * kTileRows + roff;
     HWY_UNROLL(8)
     for (int v = 0; v < V; ++v) {
-      const VF w = Bf16Load(wk + v * kLanes);
+      const VF w = LoadW(wk + v * kLanes);
       HWY_UNROLL(8)
       for (int m = 0; m < MT; ++m) acc[m][v] = hn::Add(acc[m][v], hn::Mul(hn::Set(df, xr[m * a.ldq + k]), w));
     }
@@ -71,7 +74,11 @@ void RunBf16Items(const QArgs& a, int64_t item0, int64_t item1) {
     constexpr int kV = decltype(vt)::value, kMT = decltype(mt)::value;
     const float* x = aa.q;
     if (aa.group_rows > 0) x += ((tile * kTileRows) / aa.group_rows) * aa.group_in;
-    Bf16Micro<kV, kMT>(aa, aa.wb + tile * aa.K * kTileRows, x, roff, m0, tile * kTileRows);
+    if (aa.wf != nullptr) {
+      Bf16Micro<float, kV, kMT>(aa, aa.wf + tile * aa.K * kTileRows, x, roff, m0, tile * kTileRows);
+    } else {
+      Bf16Micro<uint16_t, kV, kMT>(aa, aa.wb + tile * aa.K * kTileRows, x, roff, m0, tile * kTileRows);
+    }
   });
 }
 
@@ -107,6 +114,22 @@ void RunBf16(const float* x, int64_t M, const PackedBf16& w, float* y, bool pair
 void LinearBf16(const float* x, int64_t M, const PackedBf16& w, float* y, bool pairs) {
   if (M <= 0) return;
   RunBf16(x, M, w, y, pairs, /*round=*/true, w.src.in, 0, 0);
+}
+
+void LinearF32(const float* x, int64_t M, const PackedF32& w, float* y) {
+  if (M <= 0) return;
+  QArgs a;
+  a.K = w.in;
+  a.N = w.out;
+  a.M = M;
+  a.tiles = w.tiles;
+  a.wf = w.w.get();
+  a.q = x;
+  a.ldq = w.in;
+  a.y = y;
+  a.ldy = a.N;
+  a.round = false;
+  ParallelItems(a, HWY_DYNAMIC_DISPATCH(RunBf16Items));
 }
 
 void LinearF32Bf16W(const float* x, int64_t M, const PackedBf16& w, float* y) {

@@ -17,6 +17,7 @@ struct QArgs {
   int64_t mchunk = 1, mchunks = 1;
   const uint8_t* w = nullptr;     // FP8 codes / FP4 nibbles
   const uint16_t* wb = nullptr;   // BF16 weights
+  const float* wf = nullptr;      // FP32 weights (LinearF32)
   const float* ws = nullptr;      // FP8: per 16 rows × 32 columns scales
   const uint8_t* s = nullptr;     // FP4: UE8M0 scale bytes [tile][group][64]
   const float* q = nullptr;       // quantised activations ×256 [M, K] (or FP32 x for BF16)
@@ -44,9 +45,13 @@ inline ActBuffers& ThreadActBuffers() {
   return b;
 }
 
-// Runs fn over all (tile, m-chunk) items on the OpenMP team (NumThreads()).
-// Each output element is produced by exactly one item, so the split never
-// changes a result.
+// Calls with fewer multiply-adds than this run on the calling thread only
+// (cpu_ops.h SetMinParallelMacs).
+inline int64_t g_min_parallel_macs = int64_t{1} << 20;
+
+// Runs fn over all (tile, m-chunk) items on the OpenMP team (NumThreads()),
+// or on the calling thread for small calls. Each output element is produced
+// by exactly one item, so the split never changes a result.
 template <typename Fn>
 void ParallelItems(QArgs& a, Fn* fn) {
   constexpr int64_t kChunk = 96;  // a multiple of every micro-tile height
@@ -54,7 +59,9 @@ void ParallelItems(QArgs& a, Fn* fn) {
   a.mchunks = (a.M + a.mchunk - 1) / a.mchunk;
   const int64_t items = a.tiles * a.mchunks;
   const QArgs& ca = a;
-  if (a.mchunks == 1) {
+  if (a.M * a.N * a.K < g_min_parallel_macs) {
+    fn(ca, 0, items);
+  } else if (a.mchunks == 1) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < items; ++i) fn(ca, i, i + 1);
   } else {

@@ -8,11 +8,14 @@
 #include <new>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/linear_common.h"
 #include "format/numerics.h"
 
 namespace deepinfer::cpu {
 
 void AlignedFree::operator()(void* p) const { std::free(p); }
+
+void SetMinParallelMacs(int64_t macs) { g_min_parallel_macs = macs; }
 
 template <typename T>
 AlignedArray<T> AllocateAligned(size_t n) {
@@ -32,6 +35,7 @@ size_t PackedFp4::bytes() const {
   return static_cast<size_t>(tiles * kTileRows * (src.in / 2)) + static_cast<size_t>(tiles * kTileRows * (src.in / 32));
 }
 size_t PackedBf16::bytes() const { return static_cast<size_t>(tiles * kTileRows * src.in * 2); }
+size_t PackedF32::bytes() const { return static_cast<size_t>(tiles * kTileRows * in * 4); }
 
 namespace {
 
@@ -118,4 +122,16 @@ PackedBf16 PackBf16(const ref::Bf16Weight& w) {
   return p;
 }
 
+}  // namespace deepinfer::cpu
+
+namespace deepinfer::cpu {
+PackedF32 PackF32(const float* w, int64_t out, int64_t in) {
+  PackedF32 p;
+  p.out = out;
+  p.in = in;
+  p.tiles = (out + kTileRows - 1) / kTileRows;
+  p.w = AllocateAligned<float>(static_cast<size_t>(p.tiles * in * kTileRows));
+  Interleave(w, out, in, p.tiles, p.w.get());
+  return p;
+}
 }  // namespace deepinfer::cpu
