@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -57,6 +58,8 @@ json LogprobsJson(const std::vector<LogprobsEntry>& entries, const Tokenizer* to
 
 void RunGenerate(const GenerateOptions& o) {
   const EngineArgs args = o.engine.Resolve();
+  if (std::filesystem::is_directory(o.prompts))
+    Fail(ErrorKind::kInvalidArgument, "--prompts {}: is a directory, expected a JSONL file", o.prompts);
   std::ifstream in(o.prompts);
   if (!in) Fail(ErrorKind::kNotFound, "--prompts {}: cannot open file", o.prompts);
   std::ofstream out(o.output, std::ios::trunc);
@@ -169,7 +172,8 @@ void RunGenerate(const GenerateOptions& o) {
     }
   }
   if (progress) std::fprintf(stderr, "\n");
-  for (const json& r : results) out << r.dump() << "\n";
+  // Error messages may quote bytes of an invalid input line: replace invalid UTF-8 rather than fail.
+  for (const json& r : results) out << r.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
   out.flush();
   if (!out) Fail(ErrorKind::kInvalidArgument, "--output {}: write failed", o.output);
   const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -193,7 +197,7 @@ void RegisterGenerate(CLI::App& app) {
   cmd->add_option("--model", o->engine.args.model, "Model directory")->required();
   cmd->add_option("--prompts", o->prompts, "Input JSONL file")->required();
   cmd->add_option("--output", o->output, "Output JSONL file")->required();
-  cmd->add_option("--num-prompts", o->num_prompts, "Use only the first N prompts");
+  cmd->add_option("--num-prompts", o->num_prompts, "Use only the first N prompts")->check(NonNegativeInt());
   cmd->add_flag("--thinking", o->thinking, "Render chat messages in thinking mode");
   cmd->add_flag("--no-progress", o->no_progress, "No progress bar");
   AddEngineFlags(cmd, &o->engine);

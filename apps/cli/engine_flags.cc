@@ -68,14 +68,17 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
       ->capture_default_str();
   cmd->add_option("--block-size", f->args.block_size, "Tokens per KV-cache block")->capture_default_str();
   cmd->add_option("--num-kv-blocks", f->args.num_kv_blocks,
-                  "Number of KV-cache blocks (default: from --kv-cache-memory, else max_num_seqs x max_model_len)");
+                  "Number of KV-cache blocks (default: from --kv-cache-memory, else max_num_seqs x max_model_len)")
+      ->check(NonNegativeInt());
   cmd->add_option("--kv-cache-memory", f->kv_cache_memory, "KV/state cache size, e.g. 2GiB");
   cmd->add_option("--prefill-token-buckets", f->prefill_buckets, "Pad prefill steps to these token counts, e.g. 64,256,1024");
   cmd->add_option("--decode-batch-buckets", f->decode_buckets, "Pad decode steps to these batch sizes, e.g. 1,2,4,8");
   cmd->add_option("--prompt-as-decode-max-tokens", f->args.prompt_as_decode_max_tokens,
                   "Prompts of at most this many tokens run in decode-shaped steps")
       ->capture_default_str();
-  cmd->add_option("--threads", f->args.num_threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--threads", f->args.num_threads, "CPU threads (0 = all cores)")
+      ->capture_default_str()
+      ->check(NonNegativeInt());
   cmd->add_option("--max-logprobs", f->args.max_logprobs, "Largest logprobs a request may ask for")->capture_default_str();
   cmd->add_option("--logprobs-mode", f->logprobs_mode,
                   "raw_logprobs | raw_logits | processed_logprobs | processed_logits")

@@ -13,6 +13,21 @@
 
 namespace deepinfer::cli {
 
+// CLI11 check: an integer >= 0 (message "must be >= 0, got X").
+inline CLI::Validator NonNegativeInt() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          const long long x = std::stoll(v, &used);
+          if (used == v.size() && x >= 0) return {};
+        } catch (const std::exception&) {
+        }
+        return "must be an integer >= 0, got " + v;
+      },
+      "INT>=0");
+}
+
 struct EngineFlags {
   EngineArgs args;
   std::string kv_cache_memory;  // "4GiB", "512MiB", or bytes

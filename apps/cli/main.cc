@@ -1,6 +1,6 @@
 // deepinfer — command-line entry point. Subcommands live in cmd_*.cc.
 // Exit status: 0 success; 2 on any error (one line "error: ..." on stderr);
-// CLI11 usage errors use CLI11's codes (printed with the usage hint).
+// usage errors (bad flags or values) also exit 2 with one line; --help exits 0.
 #include <cstdio>
 #include <exception>
 
@@ -32,8 +32,14 @@ int main(int argc, char** argv) {
   deepinfer::cli::RegisterServe(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // Usage errors follow the project rule too: one line, exit status 2.
+    std::fprintf(stderr, "error: %s (run with --help for usage)\n", e.what());
+    return 2;
   } catch (const deepinfer::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

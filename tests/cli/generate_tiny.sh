@@ -22,13 +22,14 @@ cat > "$T/in.jsonl" <<'JSONL'
 {"prompt_token_ids": [5, 999999]}
 {"prompt": "Seeded", "temperature": 0.8, "seed": 7, "max_tokens": 4}
 JSONL
+printf '{"prompt": "bad byte \xff here"}\n' >> "$T/in.jsonl"   # invalid UTF-8: an error record, not a dead run
 "$BIN" generate --model "$TINY" --prompts "$T/in.jsonl" --output "$T/out.jsonl" --max-model-len 512 \
   --max-num-seqs 4 --temperature 0 --threads 1 2> "$T/err" || fail "generate exited $?: $(cat "$T/err")"
-grep -q "^generate: 10 requests (6 errors)" "$T/err" || fail "summary line: $(cat "$T/err")"
+grep -q "^generate: 11 requests (7 errors)" "$T/err" || fail "summary line: $(cat "$T/err")"
 python3 - "$T/out.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-assert [r["index"] for r in rows] == list(range(10)), rows
+assert [r["index"] for r in rows] == list(range(11)), rows
 ok = {0, 3, 5, 9}
 for r in rows:
     if r["index"] in ok:
@@ -47,6 +48,7 @@ assert "max_model_len 512" in rows[4]["error"] and "700" in rows[4]["error"], ro
 assert "temperature" in rows[6]["error"], rows[6]
 assert "999999" in rows[8]["error"], rows[8]
 assert rows[9]["seed"] == 7
+assert "invalid JSON" in rows[10]["error"], rows[10]
 print("generate output ok")
 PY
 # The seeded request reproduces.
@@ -67,4 +69,13 @@ set +e
 "$BIN" generate --model "$TINY" --prompts "$T/missing.jsonl" --output "$T/x.jsonl" 2> "$T/err2"; rc=$?
 set -e
 [ "$rc" = 2 ] && grep -q "^error: --prompts" "$T/err2" || fail "missing prompts: exit $rc $(cat "$T/err2")"
+# Usage errors (CLI11 parse failures) follow the same rule.
+set +e
+"$BIN" generate --model "$TINY" --prompts "$T/in.jsonl" --output "$T/x.jsonl" --seed abc 2> "$T/err3"; rc=$?
+"$BIN" generate --model "$TINY" --prompts "$T/in.jsonl" --output "$T/x.jsonl" --num-kv-blocks -1 2> "$T/err4"; rc4=$?
+"$BIN" generate --model "$TINY" --prompts "$T" --output "$T/x.jsonl" 2> "$T/err5"; rc5=$?
+set -e
+[ "$rc" = 2 ] && [ "$(wc -l < "$T/err3")" = 1 ] && grep -q "^error: .*--seed" "$T/err3" || fail "--seed abc: exit $rc $(cat "$T/err3")"
+[ "$rc4" = 2 ] && grep -q "^error: --num-kv-blocks" "$T/err4" || fail "--num-kv-blocks -1: exit $rc4 $(cat "$T/err4")"
+[ "$rc5" = 2 ] && grep -q "is a directory" "$T/err5" || fail "--prompts DIR: exit $rc5 $(cat "$T/err5")"
 echo "1 passed, 0 failed"
