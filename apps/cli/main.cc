@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   deepinfer::cli::RegisterDetokenize(app);
   deepinfer::cli::RegisterGenerate(app);
   deepinfer::cli::RegisterServe(app);
+  deepinfer::cli::RegisterBench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
