@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -451,6 +453,53 @@ TEST_F(V41Golden, RejectsBadInput) {
   expect_error({}, 0, "empty chunk");
   expect_error({5}, -3, "negative start_pos");
   expect_error(std::vector<int32_t>(40, 7), 0, "block table");
+}
+
+}  // namespace
+}  // namespace deepinfer::v41
+
+namespace deepinfer::v41 {
+namespace {
+
+// The debug switch writes the golden dump layout: per-layer streams, `pre`,
+// Engram outputs as float32 files and the router/indexer/hash JSON.
+TEST_F(V41Golden, DebugDumpSwitchWritesGoldenLayout) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("v41_dump_{}", ::getpid());
+  fs::remove_all(dir);
+  V41Options opt;
+  opt.engram_token_map_file = kData / "engram_token_map.i32";
+  opt.debug_dump_dir = dir;
+  auto m = V41Model::Load(std::getenv("DEEPINFER_TINY_DIR"), opt);
+  const json& D = Golden()["debug"];
+  const auto ids = PromptIds(D["prompt_index"].get<int>());
+  const StateGeometry geo = m->geometry(16);
+  const int64_t blocks = geo.BlocksForTokens(static_cast<int64_t>(ids.size()));
+  DenseStateArena arena(geo, 1, blocks);
+  std::vector<int32_t> table(blocks);
+  for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(b);
+  ForwardBatch batch;
+  ForwardSeq q;
+  q.tokens = ids.data();
+  q.len = static_cast<int64_t>(ids.size());
+  q.state = arena.View(0, table.data(), blocks);
+  batch.seqs.push_back(q);
+  ForwardOutput out;
+  m->Forward(batch, &out);
+  const fs::path call = dir / "call00000";
+  for (const auto& e : fs::directory_iterator(kData / "debug")) {
+    const std::vector<float> want = ReadF32(e.path());
+    const std::vector<float> got = ReadF32(call / e.path().filename());
+    ASSERT_EQ(got.size(), want.size()) << e.path().filename();
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << e.path().filename();
+  }
+  std::ifstream f(call / "debug.json");
+  const json j = json::parse(f);
+  for (const auto& [l, L] : D["layers"].items()) {
+    EXPECT_EQ(j["layers"][l]["router_indices"], L["router_indices"]) << "layer " << l;
+    if (L.contains("indexer_topk")) EXPECT_EQ(j["layers"][l]["indexer_topk"], L["indexer_topk"]) << "layer " << l;
+  }
+  EXPECT_EQ(j["engram_hash_ids"], D["engram_hash_ids"]);
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -63,8 +63,8 @@ std::vector<int32_t> LoadEngramTokenMap(const std::filesystem::path& file) {
 EngramHasher::EngramHasher(const ModelConfig& cfg, std::vector<int32_t> token_map)
     : max_ngram_(cfg.engram_max_ngram_size), n_heads_(cfg.engram_n_heads), map_(std::move(token_map)) {
   const int64_t vc = cfg.engram_compressed_vocab_size;
-  if (max_ngram_ < 2)
-    Fail(ErrorKind::kInvalidArgument, "engram_max_ngram_size {} must be at least 2", max_ngram_);
+  if (max_ngram_ < 2 || max_ngram_ > 16)
+    Fail(ErrorKind::kInvalidArgument, "engram_max_ngram_size {} not supported, expected 2..16", max_ngram_);
   if (map_.empty()) Fail(ErrorKind::kInvalidArgument, "Engram token map is empty");
   if (cfg.engram_pad_id < 0 || cfg.engram_pad_id >= static_cast<int64_t>(map_.size()))
     Fail(ErrorKind::kInvalidArgument, "engram_pad_id {} outside the token map of {} entries", cfg.engram_pad_id,

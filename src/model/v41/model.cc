@@ -21,6 +21,7 @@
 #include "model/v41/model.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -79,6 +80,10 @@ std::unique_ptr<V41Model> V41Model::Load(const std::filesystem::path& model_dir,
       map = LoadEngramTokenMap(options.engram_token_map_file);
     }
     m->engram_ = std::make_unique<EngramHasher>(c, std::move(map));
+  }
+  m->debug_dump_dir_ = options.debug_dump_dir;
+  if (m->debug_dump_dir_.empty()) {
+    if (const char* env = std::getenv("DEEPINFER_DEBUG_DUMP"); env && *env) m->debug_dump_dir_ = env;
   }
   m->tables_ = std::make_unique<Tables>();
   m->tables_->rope_swa = ref::RopeTable(c.rope_head_dim, c.rope_theta, 0, 1.0, c.beta_fast, c.beta_slow);
@@ -146,8 +151,26 @@ class ForwardPass {
 };
 
 void V41Model::Forward(const ForwardBatch& batch, ForwardOutput* out) {
-  ForwardPass p(*this, batch, out);
-  p.Run();
+  if (debug_dump_dir_.empty()) {
+    ForwardPass p(*this, batch, out);
+    p.Run();
+    return;
+  }
+  // Debug switch: record the first sequence (unless a caller's record is set) and write it out.
+  DebugRecord local;
+  DebugRecord* const saved = debug_;
+  const int saved_seq = debug_seq_;
+  if (!debug_) SetDebug(&local, 0);
+  try {
+    ForwardPass p(*this, batch, out);
+    p.Run();
+  } catch (...) {
+    SetDebug(saved, saved_seq);
+    throw;
+  }
+  DebugRecord* rec = debug_;
+  SetDebug(saved, saved_seq);
+  WriteDebugDump(*rec, debug_dump_dir_ / fmt::format("call{:05}", debug_calls_++));
 }
 
 void ForwardPass::Validate() {
@@ -162,9 +185,13 @@ void ForwardPass::Validate() {
     if (q.state.pools == nullptr || q.state.geometry == nullptr || q.state.slot < 0)
       Fail(ErrorKind::kInvalidArgument, "Forward: sequence {} has no state view (pools/geometry/slot)", s);
     const StateGeometry& g = *q.state.geometry;
-    if (g.of(StateKind::kWindow).regions.size() != static_cast<size_t>(c_.n_layers))
-      Fail(ErrorKind::kInvalidArgument, "Forward: sequence {}: state geometry has {} window regions, expected {}",
-           s, g.of(StateKind::kWindow).regions.size(), c_.n_layers);
+    const auto& wr = g.of(StateKind::kWindow).regions;
+    if (wr.size() != static_cast<size_t>(c_.n_layers) || wr[0].row_bytes != c_.head_dim * 2 ||
+        wr[0].rows_per_block != c_.window_size)
+      Fail(ErrorKind::kInvalidArgument,
+           "Forward: sequence {}: state geometry does not match the model (window regions {}, expected {} of {} "
+           "rows of {} bytes); build it with V41Model::geometry()",
+           s, wr.size(), c_.n_layers, c_.window_size, c_.head_dim * 2);
     if (paged) {
       const int64_t need = g.BlocksForTokens(q.start_pos + q.len);
       if (q.state.block_table == nullptr || q.state.num_blocks < need)

@@ -51,6 +51,11 @@ struct V41Options {
   // int32 little-endian file (the map wins when both are given).
   std::vector<int32_t> engram_token_map;
   std::filesystem::path engram_token_map_file;
+  // Debug switch: when non-empty, every Forward call writes the intermediates
+  // of its first sequence to DIR/callNNNNN/ in the golden dump layout
+  // (WriteDebugDump). The environment variable DEEPINFER_DEBUG_DUMP=DIR does
+  // the same when this is empty.
+  std::filesystem::path debug_dump_dir;
 };
 
 // One sequence's chunk in a Forward call.
@@ -145,6 +150,8 @@ class V41Model {
   std::unique_ptr<Tables> tables_;
   DebugRecord* debug_ = nullptr;
   int debug_seq_ = 0;
+  std::filesystem::path debug_dump_dir_;
+  int64_t debug_calls_ = 0;
   friend class ForwardPass;
 };
 
