@@ -12,6 +12,12 @@
 
 namespace deepinfer::ref {
 
+namespace {
+// Below this many multiply-adds an operator runs on the calling thread: an
+// OpenMP region costs more than it saves (results do not depend on it).
+constexpr int64_t kParallelWork = int64_t{1} << 20;
+}  // namespace
+
 // ------------------------------------------------------------------ linears
 
 void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, int act_block, float* y) {
@@ -20,7 +26,7 @@ void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, int act_block, flo
   const int64_t kblocks = K / act_block;
   const int64_t scale_cols = (K + B - 1) / B;
   // The reference's fp8_gemm requires act_block == weight block (32 in V4.1).
-#pragma omp parallel
+#pragma omp parallel if(M * N * K > kParallelWork)
   {
     std::vector<uint8_t> q(K), sa(kblocks);
     std::vector<float> qf(K), saf(kblocks);
@@ -50,7 +56,7 @@ void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, int act_block, flo
   const int64_t K = w.in, N = w.out;
   const int64_t kblocks = K / act_block;
   const int64_t groups = K / 32;
-#pragma omp parallel
+#pragma omp parallel if(M * N * K > kParallelWork)
   {
     std::vector<uint8_t> q(K), sa(kblocks);
     std::vector<float> qf(K), saf(kblocks);
@@ -78,7 +84,7 @@ void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, int act_block, flo
 
 void LinearBf16(const float* x, int64_t M, const Bf16Weight& w, float* y) {
   const int64_t K = w.in, N = w.out;
-#pragma omp parallel for schedule(static) collapse(2)
+#pragma omp parallel for schedule(static) collapse(2) if(M * N * K > kParallelWork)
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
       const float* xr = x + m * K;
@@ -92,7 +98,7 @@ void LinearBf16(const float* x, int64_t M, const Bf16Weight& w, float* y) {
 
 void LinearF32Bf16W(const float* x, int64_t M, const Bf16Weight& w, float* y) {
   const int64_t K = w.in, N = w.out;
-#pragma omp parallel for schedule(static) collapse(2)
+#pragma omp parallel for schedule(static) collapse(2) if(M * N * K > kParallelWork)
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
       const float* xr = x + m * K;
@@ -105,7 +111,7 @@ void LinearF32Bf16W(const float* x, int64_t M, const Bf16Weight& w, float* y) {
 }
 
 void LinearF32(const float* x, int64_t M, const float* w, int64_t N, int64_t K, float* y) {
-#pragma omp parallel for schedule(static) collapse(2)
+#pragma omp parallel for schedule(static) collapse(2) if(M * N * K > kParallelWork)
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
       const float* xr = x + m * K;
@@ -121,7 +127,7 @@ void GroupedLinearBf16(const float* o, int64_t M, int groups, const Bf16Weight& 
   const int64_t Kg = wa.in;               // per-group input width
   const int64_t R = wa.out / groups;      // per-group output width
   const int64_t in_row = Kg * groups, out_row = wa.out;
-#pragma omp parallel for schedule(static) collapse(2)
+#pragma omp parallel for schedule(static) collapse(2) if(M * wa.out * Kg > kParallelWork)
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < wa.out; ++n) {
       const int64_t g = n / R;
@@ -137,7 +143,7 @@ void GroupedLinearBf16(const float* o, int64_t M, int groups, const Bf16Weight& 
 // ------------------------------------------------------------------ norms
 
 void RmsNorm(const float* x, int64_t M, int64_t n, const uint16_t* w_bf16, float eps, float* y) {
-#pragma omp parallel
+#pragma omp parallel if(M * n > kParallelWork / 16)
   {
     std::vector<float> sq(n);
 #pragma omp for schedule(static)
@@ -263,7 +269,7 @@ void HcMixes(const float* X, int64_t M, int hc, int64_t d, const float* fn, cons
              const int32_t* sig_vec, float* pre, float* post, float* comb) {
   const int64_t flat = hc * d;
   const int64_t mix = (2 + hc) * hc;
-#pragma omp parallel
+#pragma omp parallel if(M * mix * flat > kParallelWork)
   {
     std::vector<float> sq(flat), mixes(mix), rs(hc), cs(hc);
 #pragma omp for schedule(static)
@@ -321,7 +327,7 @@ void HcMixes(const float* X, int64_t M, int hc, int64_t d, const float* fn, cons
 }
 
 void HcCollapse(const float* X, const float* pre, int64_t M, int hc, int64_t d, float* x) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(M * hc * d > kParallelWork / 16)
   for (int64_t r = 0; r < M; ++r) {
     for (int64_t i = 0; i < d; ++i) {
       float acc = 0.0f;
@@ -333,7 +339,7 @@ void HcCollapse(const float* X, const float* pre, int64_t M, int hc, int64_t d, 
 
 void HcExpand(const float* v, const float* X, const float* post, const float* comb, int64_t M,
               int hc, int64_t d, float* Xout) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(M * hc * hc * d > kParallelWork / 16)
   for (int64_t r = 0; r < M; ++r) {
     const float* cb = comb + r * hc * hc;
     for (int k = 0; k < hc; ++k) {
@@ -352,7 +358,7 @@ void Router(const float* x, int64_t M, const Bf16Weight& gate, const float* cons
             float gate_temp, bool norm_topk_prob, float route_scale, const int32_t* softplus_vec,
             int32_t* indices, float* weights) {
   const int64_t E = gate.out, K = gate.in;
-#pragma omp parallel
+#pragma omp parallel if(M * E * K > kParallelWork)
   {
     std::vector<float> s(E), sel(E);
     std::vector<int64_t> idx(topk);

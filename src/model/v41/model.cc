@@ -353,7 +353,7 @@ void ForwardPass::Engram(int l) {
   ref::LinearFp8(e.data(), R_, G.wkv, c_.act_block_size, kv.data());
   const float eps = c_.norm_eps;
   const float inv_sqrt_dim = static_cast<float>(std::pow(static_cast<double>(d), -0.5));
-#pragma omp parallel
+#pragma omp parallel if(R_ * hc * d > (int64_t{1} << 16))
   {
     std::vector<float> tmp(d);
 #pragma omp for schedule(static)
@@ -438,7 +438,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   std::vector<float> kv(n * D);
   ref::LinearFp8(x, n, A.wkv, ab, kv.data());
   ref::RmsNorm(kv.data(), n, D, A.kv_norm.data, c_.norm_eps, kv.data());
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(n * (H + 1) * D > (int64_t{1} << 16))
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t h = 0; h < H; ++h) rope.Apply(q.data() + (r * H + h) * D + D - rd, row_pos_[r], false);
     rope.Apply(kv.data() + r * D + D - rd, row_pos_[r], false);
@@ -463,7 +463,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   // Sparse attention with sink over window + selected compressed positions.
   std::vector<float> o(n * H * D);
   const float scale = static_cast<float>(std::pow(static_cast<double>(D), -0.5));
-#pragma omp parallel
+#pragma omp parallel if(n > 4)
   {
     std::vector<const uint16_t*> rows;
     std::vector<int32_t> slots;
@@ -660,7 +660,7 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
   const int64_t K = std::min<int64_t>(c_.index_topk, E);
   const int64_t bs = c_.candidate_block_size;
   const float ninf = -std::numeric_limits<float>::infinity();
-#pragma omp parallel
+#pragma omp parallel if(T * E * nh * ID > (int64_t{1} << 20))
   {
     std::vector<float> score(E), hsum(nh);
     std::vector<int64_t> idx(std::max<int64_t>(K, c_.candidate_topk_blocks));
