@@ -483,6 +483,7 @@ set style fill solid 0.8
 set boxwidth 0.7
 set yrange [0:*]
 set xtics rotate by -35 left
+set rmargin 8
 set ylabel "GB/s"
 set key top right
 plot '{gemv}' using 0:2:xtic(1) with boxes lc rgb "#4477aa" title "kernel", \
