@@ -28,14 +28,19 @@ HWY_ALIGN static constexpr float kE2M1Div256[16] = {
     0.0f,          0.5f / 256,  1.0f / 256,  1.5f / 256,  2.0f / 256,  3.0f / 256,  4.0f / 256,  6.0f / 256,
     -0.0f,         -0.5f / 256, -1.0f / 256, -1.5f / 256, -2.0f / 256, -3.0f / 256, -4.0f / 256, -6.0f / 256};
 
-// Nibble codes (one per u32 lane, values 0..15) → E2M1 value × 2^-8.
+// Nibble codes (low 4 bits of each u32 lane; on AVX-512 higher bits are
+// ignored, elsewhere the lane must hold 0..15) → E2M1 value × 2^-8.
 HWY_INLINE VF E2M1Lookup(hn::Vec<hn::RebindToUnsigned<DF>> code) {
   const DF df;
   const hn::RebindToSigned<DF> di;
   const hn::RebindToUnsigned<DF> du;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // vpermps reads only bits 3..0 of each index, so the low nibble needs no mask.
+  return VF{_mm512_permutexvar_ps(code.raw, hn::Load(df, kE2M1Div256).raw)};
+#endif
   if constexpr (kLanes == 16) {
     const VF tbl = hn::Load(df, kE2M1Div256);
-    return hn::TableLookupLanes(tbl, hn::IndicesFromVec(df, hn::BitCast(di, code)));
+    return hn::TableLookupLanes(tbl, hn::IndicesFromVec(df, hn::BitCast(di, hn::And(code, hn::Set(du, 15u)))));
   } else if constexpr (kLanes == 8) {
     const VF tbl = hn::Load(df, kE2M1Div256);  // magnitudes: first 8 entries
     const VF mag = hn::TableLookupLanes(tbl, hn::IndicesFromVec(df, hn::BitCast(di, hn::And(code, hn::Set(du, 7u)))));
@@ -70,7 +75,11 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
       HWY_UNROLL(8)
       for (int v = 0; v < V; ++v) {
         const auto b = hn::PromoteTo(du, hn::LoadU(d8, wj + v * kLanes));
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+        const VF wl = E2M1Lookup(b);  // the lookup ignores bits above 3
+#else
         const VF wl = E2M1Lookup(hn::And(b, nib));
+#endif
         const VF wh = E2M1Lookup(hn::ShiftRight<4>(b));
         HWY_UNROLL(8)
         for (int m = 0; m < MT; ++m) {
