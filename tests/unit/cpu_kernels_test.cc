@@ -130,8 +130,8 @@ TEST(CpuKernels, QuantizeActRowsMatchesScalarQuantiser) {
       std::vector<float> want_q(M * K), want_sa(M * K / B);
       for (int64_t m = 0; m < M; ++m) {
         QuantizeActE4M3(x.data() + m * K, K, B, codes.data(), sb.data());
-        for (int64_t k = 0; k < K; ++k) want_q[m * K + k] = E4M3ToFloat(codes[k]) * 256.0f;
-        for (int64_t b = 0; b < K / B; ++b) want_sa[m * (K / B) + b] = E8M0ToFloat(sb[b]);
+        for (int64_t k = 0; k < K; ++k) want_q[m * K + k] = E4M3ToFloat(codes[k]) * 0x1p119f;
+        for (int64_t b = 0; b < K / B; ++b) want_sa[m * (K / B) + b] = E8M0ToFloat(sb[b]) * 2.0f;
       }
       EXPECT_TRUE(SameBits(q, want_q)) << "B=" << B;
       EXPECT_TRUE(SameBits(sa, want_sa)) << "B=" << B;

@@ -25,6 +25,7 @@
 #include "format/numerics.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/hwy_util-inl.h"
+#include "kernels/cpu/linear_common.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace deepinfer::cpu {
@@ -50,7 +51,7 @@ bool QuantizeRow(const float* x, int64_t K, int B, float* q, float* sa) {
   const auto vneg448 = hn::Set(df, -448.0f);
   const auto min_norm = hn::Set(df, 0.015625f);  // 2^-6
   const auto c20 = hn::Set(du, 20u << 23);
-  const auto x256 = hn::Set(df, 256.0f);
+  const auto qscale = hn::Set(df, kActOperandScale);
   for (int64_t b0 = 0; b0 < K; b0 += B) {
     float amax = 0.0f;
     int i = 0;
@@ -64,7 +65,7 @@ bool QuantizeRow(const float* x, int64_t K, int B, float* q, float* sa) {
     // s = 2^(b-127) with b = Pow2CeilE8M0(t) in [105, 254) for finite rows
     // (amax >= 1e-4), so s and 1/s = 2^(127-b) are normal floats.
     const uint32_t sb = Pow2CeilE8M0(amax * kInv448);
-    sa[b0 / B] = BitsFloat(sb << 23);
+    sa[b0 / B] = BitsFloat(sb << 23) * kActScaleFactor;
     const auto inv = hn::Set(df, BitsFloat((254u - sb) << 23));
     int j = 0;
     for (; j + static_cast<int>(kLanes) <= B; j += static_cast<int>(kLanes)) {
@@ -74,12 +75,12 @@ bool QuantizeRow(const float* x, int64_t K, int B, float* q, float* sa) {
       const auto e = hn::And(hn::BitCast(du, hn::Max(a, min_norm)), exp_mask);
       const auto c = hn::BitCast(df, hn::Add(e, c20));
       const auto r = hn::Sub(hn::Add(a, c), c);
-      hn::StoreU(hn::Mul(hn::CopySignToAbs(r, v), x256), df, q + b0 + j);
+      hn::StoreU(hn::Mul(hn::CopySignToAbs(r, v), qscale), df, q + b0 + j);
     }
     const float inv_s = BitsFloat((254u - sb) << 23);
     for (; j < B; ++j) {
       const float v = std::min(std::max(x[b0 + j] * inv_s, -448.0f), 448.0f);
-      q[b0 + j] = E4M3ToFloat(FloatToE4M3(v)) * 256.0f;
+      q[b0 + j] = E4M3ToFloat(FloatToE4M3(v)) * kActOperandScale;
     }
   }
   return true;
@@ -103,8 +104,8 @@ void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, floa
     if (!fn(x, K, B, q, sa)) {
       std::vector<uint8_t> codes(K), sb(kb);
       QuantizeActE4M3(x, K, B, codes.data(), sb.data());
-      for (int64_t k = 0; k < K; ++k) q[k] = E4M3ToFloat(codes[k]) * 256.0f;
-      for (int64_t b = 0; b < kb; ++b) sa[b] = E8M0ToFloat(sb[b]);
+      for (int64_t k = 0; k < K; ++k) q[k] = E4M3ToFloat(codes[k]) * kActOperandScale;
+      for (int64_t b = 0; b < kb; ++b) sa[b] = E8M0ToFloat(sb[b]) * kActScaleFactor;
     }
     return;
   }
@@ -117,8 +118,8 @@ void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, floa
       codes.resize(K);
       sb.resize(kb);
       QuantizeActE4M3(x + m * K, K, B, codes.data(), sb.data());
-      for (int64_t k = 0; k < K; ++k) q[m * K + k] = E4M3ToFloat(codes[k]) * 256.0f;
-      for (int64_t b = 0; b < kb; ++b) sa[m * kb + b] = E8M0ToFloat(sb[b]);
+      for (int64_t k = 0; k < K; ++k) q[m * K + k] = E4M3ToFloat(codes[k]) * kActOperandScale;
+      for (int64_t b = 0; b < kb; ++b) sa[m * kb + b] = E8M0ToFloat(sb[b]) * kActScaleFactor;
     }
   }
 }

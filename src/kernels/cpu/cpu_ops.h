@@ -15,10 +15,12 @@
 //     the build uses -ffp-contract=off). Rows are processed 64 at a time from a
 //     load-time repacked layout in which the 64 rows' k-th elements are
 //     adjacent, so one vector load feeds 16 (AVX-512) or 8 (AVX2) output rows.
-//   * Products are exact in FP32, so how a product is formed does not matter:
-//     the FP8 kernel multiplies q·2^8 by w·2^-8 (w converted through FP16, which
-//     is one shift and one mask away from an E4M3 code), which is the exact
-//     product q·w the reference forms.
+//   * Products are exact in FP32, and power-of-two scalings commute with
+//     rounding while nothing is subnormal, so the kernels may scale operands:
+//     the FP8 kernel multiplies q·2^119 by w·2^-120 (an E4M3 code becomes that
+//     FP32 bit pattern with a sign-extend, a shift and a mask), so every
+//     product and partial sum is exactly half the reference's, and the
+//     activation scale 2·s_act restores the same bits at the block step.
 //   * A row's result never depends on M, on which other rows share the call,
 //     on the micro-tile it lands in, or on the thread count.
 // What is NOT used and why: AVX-512 BF16 (vdpbf16ps) and VNNI integer dot
@@ -71,9 +73,9 @@ struct PackedFp8 {
   size_t bytes() const;  // bytes the kernel streams per call (weights + scales)
 };
 // FP4 E2M1 routed-expert weight (UE8M0 scale per row and 32 columns),
-// repacked: w[t][j][r] = byte holding (row 64t+r, k=2j) in its low nibble and
-// (row 64t+r, k=2j+1) in its high nibble; s[t][g][r] = UE8M0 scale byte of
-// (row 64t+r, group g).
+// repacked: w[t][j][r] = the little-endian dword of row 64t+r holding columns
+// 8j..8j+7 (nibble i = column 8j+i: 4 checkpoint bytes copied);
+// s[t][g][r] = UE8M0 scale byte of (row 64t+r, group g).
 struct PackedFp4 {
   ref::Fp4Weight src;
   int64_t tiles = 0;
@@ -156,9 +158,10 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
 
 // ------------------------------------------------------------------ activation quantiser
 // Fused activation quantisation of rows x [M, K] (model-spec §3.1(b) step 1),
-// bit-identical to QuantizeActE4M3 followed by E4M3ToFloat: writes
-// q[m·K + k] = E4M3 value of the quantised element × 256 (the FP8 kernels'
-// operand; exact) and sa[m·(K/B) + b] = the block's power-of-two scale as FP32.
+// bit-identical to QuantizeActE4M3 followed by E4M3ToFloat up to exact
+// power-of-two operand scalings: writes q[m·K + k] = E4M3 value of the
+// quantised element × 2^119 and sa[m·(K/B) + b] = the block's power-of-two
+// scale × 2 (the FP8/FP4 kernels' operands; see kernels/cpu/linear_common.h).
 void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, float* sa);
 
 // ------------------------------------------------------------------ threading

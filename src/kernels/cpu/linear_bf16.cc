@@ -11,6 +11,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/linear_bf16.cc"
 #include "kernels/cpu/hwy_targets.h"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -43,8 +44,11 @@ HWY_INLINE void Bf16Micro(const QArgs& a, const WT* wt, const float* x, int64_t 
   }
   const float* xr = x + m0 * a.ldq;
   const int64_t K = a.K;
+  constexpr int64_t kPf = kPrefetchBytes / static_cast<int64_t>(sizeof(WT));
   auto step = [&](int64_t k) HWY_ATTR {
     const WT* wk = wt + k * kTileRows + roff;
+    hwy::Prefetch(wk + kPf);
+    if constexpr (sizeof(WT) * kTileRows > 64) hwy::Prefetch(wk + kPf + 64 / sizeof(WT));
     HWY_UNROLL(8)
     for (int v = 0; v < V; ++v) {
       const VF w = LoadW(wk + v * kLanes);

@@ -4,13 +4,15 @@
 // Per output row n (one SIMD lane) and activation row m, as the reference:
 // for each 32-wide weight group g, partial = 0; for k = 32g .. 32g+31 in
 // order, partial = partial + q[m,k]·w[n,k]; then acc = acc +
-// (partial·s_act[m, 32g/act_block])·s_w[n,g]; y = bf16(acc). Operands: q·2^8
-// and the E2M1 value ·2^-8 from a 16-entry table (exact products). The
-// repacked byte of (row, j) holds k = 2j (low nibble) and 2j+1 (high nibble).
+// (partial·s_act[m, 32g/act_block])·s_w[n,g]; y = bf16(acc). Operands: q·2^119
+// and the E2M1 value ·2^-120 from a 16-entry table, activation scale 2·s_act
+// (linear_common.h kActOperandScale: same bits). The
+// repacked dword of (row, j) holds k = 8j .. 8j+7 (nibble i = column 8j+i).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/linear_fp4.cc"
 #include "kernels/cpu/hwy_targets.h"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -23,34 +25,38 @@ HWY_BEFORE_NAMESPACE();
 namespace deepinfer::cpu {
 namespace HWY_NAMESPACE {
 
-// E2M1 values × 2^-8 (code 8 is −0).
-HWY_ALIGN static constexpr float kE2M1Div256[16] = {
-    0.0f,          0.5f / 256,  1.0f / 256,  1.5f / 256,  2.0f / 256,  3.0f / 256,  4.0f / 256,  6.0f / 256,
-    -0.0f,         -0.5f / 256, -1.0f / 256, -1.5f / 256, -2.0f / 256, -3.0f / 256, -4.0f / 256, -6.0f / 256};
+// E2M1 values × 2^-120 (code 8 is −0; all normal floats): the weight operand
+// of linear_common.h kActOperandScale.
+HWY_ALIGN static constexpr float kE2M1Scaled[16] = {
+    0.0f,           0x1p-121f,  0x1p-120f,  0x1.8p-120f,  0x1p-119f,  0x1.8p-119f,  0x1p-118f,  0x1.8p-118f,
+    -0.0f,          -0x1p-121f, -0x1p-120f, -0x1.8p-120f, -0x1p-119f, -0x1.8p-119f, -0x1p-118f, -0x1.8p-118f};
 
-// Nibble codes (low 4 bits of each u32 lane; on AVX-512 higher bits are
-// ignored, elsewhere the lane must hold 0..15) → E2M1 value × 2^-8.
+// Nibble codes (bits 3..0 of each u32 lane; higher bits are ignored) →
+// E2M1 value × 2^-120.
 HWY_INLINE VF E2M1Lookup(hn::Vec<hn::RebindToUnsigned<DF>> code) {
   const DF df;
   const hn::RebindToSigned<DF> di;
   const hn::RebindToUnsigned<DF> du;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  // vpermps reads only bits 3..0 of each index, so the low nibble needs no mask.
-  return VF{_mm512_permutexvar_ps(code.raw, hn::Load(df, kE2M1Div256).raw)};
-#endif
-  if constexpr (kLanes == 16) {
-    const VF tbl = hn::Load(df, kE2M1Div256);
-    return hn::TableLookupLanes(tbl, hn::IndicesFromVec(df, hn::BitCast(di, hn::And(code, hn::Set(du, 15u)))));
-  } else if constexpr (kLanes == 8) {
-    const VF tbl = hn::Load(df, kE2M1Div256);  // magnitudes: first 8 entries
+  // vpermps reads only bits 3..0 of each index.
+  return VF{_mm512_permutexvar_ps(code.raw, hn::Load(df, kE2M1Scaled).raw)};
+#else
+  if constexpr (kLanes == 8) {
+    const VF tbl = hn::Load(df, kE2M1Scaled);  // magnitudes: first 8 entries
     const VF mag = hn::TableLookupLanes(tbl, hn::IndicesFromVec(df, hn::BitCast(di, hn::And(code, hn::Set(du, 7u)))));
     const auto sign = hn::And(hn::ShiftLeft<28>(code), hn::Set(du, 0x80000000u));
     return hn::BitCast(df, hn::Or(hn::BitCast(du, mag), sign));
   } else {
-    return hn::GatherIndex(df, kE2M1Div256, hn::BitCast(di, code));
+    return hn::GatherIndex(df, kE2M1Scaled, hn::BitCast(di, hn::And(code, hn::Set(du, 15u))));
   }
+#endif
 }
 
+// Micro-tile (see linear_fp8.cc). The repacked FP4 tile holds, per 8 columns
+// and row, one little-endian dword whose nibble i is column k+i (the
+// checkpoint's own byte order, so the dword is 4 checkpoint bytes copied):
+// a vector load gives kLanes rows × 8 columns, and column k+i is the dword
+// shifted right by 4i (the lookup ignores the bits above).
 template <int V, int MT>
 HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, int64_t roff, int64_t m0, int64_t n0) {
   const DF df;
@@ -62,7 +68,7 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
     for (int v = 0; v < V; ++v) hn::Store(hn::Zero(df), df, acc[m] + v * kLanes);
   const float* q = a.q + m0 * a.ldq;
   const float* sa = a.sa + m0 * kblocks;
-  const auto nib = hn::Set(du, 0xFu);
+  const uint32_t* w32 = reinterpret_cast<const uint32_t*>(wt);
   for (int64_t g = 0; g < groups; ++g) {
     VF part[MT][V];
     HWY_UNROLL(8)
@@ -70,21 +76,41 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
       HWY_UNROLL(8)
       for (int v = 0; v < V; ++v) part[m][v] = hn::Zero(df);
     }
-    const uint8_t* wj = wt + g * 16 * kTileRows + roff;
-    for (int64_t k = g * 32; k < g * 32 + 32; k += 2, wj += kTileRows) {
+    for (int64_t k8 = g * 32; k8 < g * 32 + 32; k8 += 8) {
+      const uint32_t* wj = w32 + (k8 / 8) * kTileRows + roff;
+      hwy::Prefetch(reinterpret_cast<const uint8_t*>(wj) + kPrefetchBytes);
+      hwy::Prefetch(reinterpret_cast<const uint8_t*>(wj) + kPrefetchBytes + 64);
+      hwy::Prefetch(reinterpret_cast<const uint8_t*>(wj) + kPrefetchBytes + 128);
+      hwy::Prefetch(reinterpret_cast<const uint8_t*>(wj) + kPrefetchBytes + 192);
+      hn::Vec<decltype(du)> x[V];
       HWY_UNROLL(8)
-      for (int v = 0; v < V; ++v) {
-        const auto b = hn::PromoteTo(du, hn::LoadU(d8, wj + v * kLanes));
+      for (int v = 0; v < V; ++v) x[v] = hn::LoadU(du, wj + v * kLanes);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-        const VF wl = E2M1Lookup(b);  // the lookup ignores bits above 3
-#else
-        const VF wl = E2M1Lookup(hn::And(b, nib));
-#endif
-        const VF wh = E2M1Lookup(hn::ShiftRight<4>(b));
+      if constexpr (MT == 1) {
+        // GEMV: per column the 16 possible products q·w form a table (exact:
+        // the values the multiply would give), so each weight costs one
+        // lookup and one add.
+        const VF tbl = hn::Load(df, kE2M1Scaled);
         HWY_UNROLL(8)
-        for (int m = 0; m < MT; ++m) {
-          part[m][v] = hn::Add(part[m][v], hn::Mul(hn::Set(df, q[m * a.ldq + k]), wl));
-          part[m][v] = hn::Add(part[m][v], hn::Mul(hn::Set(df, q[m * a.ldq + k + 1]), wh));
+        for (int i = 0; i < 8; ++i) {
+          const VF t = hn::Mul(hn::Set(df, q[k8 + i]), tbl);
+          HWY_UNROLL(8)
+          for (int v = 0; v < V; ++v) {
+            const auto idx = i == 0 ? x[v] : hn::ShiftRightSame(x[v], 4 * i);
+            part[0][v] = hn::Add(part[0][v], VF{_mm512_permutexvar_ps(idx.raw, t.raw)});
+          }
+        }
+        continue;
+      }
+#endif
+      HWY_UNROLL(8)
+      for (int i = 0; i < 8; ++i) {
+        HWY_UNROLL(8)
+        for (int v = 0; v < V; ++v) {
+          const VF w = E2M1Lookup(i == 0 ? x[v] : hn::ShiftRightSame(x[v], 4 * i));
+          HWY_UNROLL(8)
+          for (int m = 0; m < MT; ++m)
+            part[m][v] = hn::Add(part[m][v], hn::Mul(hn::Set(df, q[m * a.ldq + k8 + i]), w));
         }
       }
     }

@@ -8,10 +8,13 @@
 // q·2^8 (from QuantizeActRows) and w·2^-8 (the E4M3 code turned into an FP16
 // bit pattern by a sign-extend, a shift and a mask, then converted to FP32),
 // whose product is the exact q·w.
+// (Operands: see linear_common.h kActOperandScale — products are q·w/2 and
+// the activation scale 2·s_act, which gives the same bits.)
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/linear_fp8.cc"
 #include "kernels/cpu/hwy_targets.h"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -25,15 +28,15 @@ HWY_BEFORE_NAMESPACE();
 namespace deepinfer::cpu {
 namespace HWY_NAMESPACE {
 
-// 16/8/.. E4M3 codes at p (one per lane) → FP32 value × 2^-8 (exact).
-HWY_INLINE VF E4M3Div256(const uint8_t* p) {
+// 16/8/.. E4M3 codes at p (one per lane) → FP32 value × 2^-120 (exact; E4M3
+// subnormals become FP32 subnormals): sign-extend to 32 bits, shift the 7
+// magnitude bits to bits 20..26, keep them and the sign bit.
+HWY_INLINE VF E4M3Scaled(const uint8_t* p) {
   const DF df;
+  const hn::RebindToSigned<DF> di;
   const hn::Rebind<int8_t, DF> d8;
-  const hn::Rebind<int16_t, DF> d16;
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  const auto b = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p)));
-  const auto h = hn::And(hn::ShiftLeft<7>(b), hn::Set(d16, static_cast<int16_t>(-16512)));  // 0xBF80
-  return hn::PromoteTo(df, hn::BitCast(dh, h));
+  const auto b = hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p)));
+  return hn::BitCast(df, hn::And(hn::ShiftLeft<20>(b), hn::Set(di, static_cast<int32_t>(0x87F00000u))));
 }
 
 // Micro-tile: V vectors of output rows (V·kLanes rows starting at row `roff`
@@ -58,9 +61,10 @@ HWY_INLINE void Fp8Micro(const QArgs& a, const uint8_t* wt, const float* ws_t, i
     const int64_t k0 = kb * a.ab;
     const uint8_t* wk = wt + k0 * kTileRows + roff;
     for (int64_t k = k0; k < k0 + a.ab; ++k, wk += kTileRows) {
+      hwy::Prefetch(wk + kPrefetchBytes);
       HWY_UNROLL(8)
       for (int v = 0; v < V; ++v) {
-        const VF w = E4M3Div256(wk + v * kLanes);
+        const VF w = E4M3Scaled(wk + v * kLanes);
         HWY_UNROLL(8)
         for (int m = 0; m < MT; ++m) part[m][v] = hn::Add(part[m][v], hn::Mul(hn::Set(df, q[m * a.ldq + k]), w));
       }

@@ -101,8 +101,22 @@ PackedFp4 PackFp4(const ref::Fp4Weight& w) {
   // The kernel turns a scale byte b into 2^(b-127) by a shift: valid for 1..254.
   for (int64_t i = 0; i < N * groups && !p.use_ref; ++i) p.use_ref = w.scale[i] == 0 || w.scale[i] == 0xFF;
   if (p.use_ref) return p;
+  // w[t][j][r] = the 4 checkpoint bytes of row 64t+r at columns 8j..8j+7 (one
+  // little-endian dword; nibble i = column 8j+i), 0 for padding rows.
   p.w = AllocateAligned<uint8_t>(static_cast<size_t>(p.tiles * (K / 2) * kTileRows));
-  Interleave(w.w, N, K / 2, p.tiles, p.w.get());
+  {
+    const int64_t J = K / 8;
+    uint8_t* dst = p.w.get();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < p.tiles; ++t)
+      for (int64_t j = 0; j < J; ++j)
+        for (int64_t r = 0; r < kTileRows; ++r) {
+          const int64_t n = t * kTileRows + r;
+          uint8_t* o = dst + ((t * J + j) * kTileRows + r) * 4;
+          if (n < N) std::memcpy(o, w.w + n * (K / 2) + j * 4, 4);
+          else std::memset(o, 0, 4);
+        }
+  }
   p.s = AllocateAligned<uint8_t>(static_cast<size_t>(p.tiles * groups * kTileRows));
   Interleave(w.scale, N, groups, p.tiles, p.s.get());
   // Padding rows: scale byte 127 (1.0) so their (discarded) results stay finite.
