@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <thread>
@@ -23,6 +24,8 @@
 
 namespace deepinfer::cli {
 namespace {
+
+volatile sig_atomic_t g_stop_signal = 0;
 
 struct ServeOptions {
   EngineFlags engine;
@@ -45,13 +48,15 @@ void RunServe(ServeOptions& o) {
   if (o.server.port < 0 || o.server.port > 65535)
     Fail(ErrorKind::kInvalidArgument, "--port must be in [0, 65535], got {}", o.server.port);
 
-  // Signals are taken by one thread with sigwait; every other thread (httplib's
-  // pool, the engine thread) inherits the blocked mask.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // SIGINT/SIGTERM set a flag from a handler (any thread may take the signal:
+  // libraries such as OpenBLAS start threads before main, so a blocked mask
+  // cannot be relied on); a watcher thread polls it and stops the server.
+  g_stop_signal = 0;
+  struct sigaction sa {};
+  sa.sa_handler = [](int sig) { g_stop_signal = sig; };
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
 
   server::HttpServer srv(o.server, [args] { return Engine::Open(args); });
   const int port = srv.Bind();
@@ -60,14 +65,13 @@ void RunServe(ServeOptions& o) {
 
   std::atomic<bool> done{false};
   std::thread signals([&] {
-    timespec ts{0, 200 * 1000 * 1000};
     while (!done) {
-      const int sig = sigtimedwait(&set, nullptr, &ts);
-      if (sig == SIGINT || sig == SIGTERM) {
+      if (const int sig = g_stop_signal; sig != 0) {
         spdlog::info("deepinfer serve: signal {}, shutting down", sig);
         srv.Stop();
         return;
       }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   });
   try {
