@@ -100,21 +100,58 @@ struct Rng {
   float Unit() { return static_cast<float>(Next() >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
 };
 
-std::vector<uint8_t> Fp8Codes(int64_t n, uint64_t seed) {
-  std::vector<uint8_t> w(n);
+// Gaussian weights quantised as the checkpoints are (E4M3 with a UE8M0 scale
+// per 32×32 block, amax/448 rounded up to a power of two), so the code
+// distribution — and how rarely codes are subnormal — resembles a real model.
+void QuantizedFp8(int64_t N, int64_t K, uint64_t seed, std::vector<uint8_t>* w, std::vector<uint8_t>* s) {
   Rng r(seed);
-  for (auto& c : w) {
-    c = static_cast<uint8_t>(r.Next());
-    if (E4M3IsNaN(c)) c = 0x7E;
+  std::vector<float> v(N * K);
+  for (auto& x : v) {  // Box-Muller
+    const double u1 = (r.Next() >> 11) * 0x1p-53 + 0x1p-60, u2 = (r.Next() >> 11) * 0x1p-53;
+    x = static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
   }
-  return w;
+  const int64_t sr = (N + 31) / 32, sc = (K + 31) / 32;
+  w->assign(N * K, 0);
+  s->assign(sr * sc, 127);
+  for (int64_t bn = 0; bn < sr; ++bn)
+    for (int64_t bk = 0; bk < sc; ++bk) {
+      float amax = 0;
+      for (int64_t n = bn * 32; n < std::min(N, bn * 32 + 32); ++n)
+        for (int64_t k = bk * 32; k < std::min(K, bk * 32 + 32); ++k) amax = std::max(amax, std::fabs(v[n * K + k]));
+      const uint8_t sb = Pow2CeilE8M0(std::max(amax, 1e-30f) * kInv448);
+      (*s)[bn * sc + bk] = sb;
+      const float scale = E8M0ToFloat(sb);
+      for (int64_t n = bn * 32; n < std::min(N, bn * 32 + 32); ++n)
+        for (int64_t k = bk * 32; k < std::min(K, bk * 32 + 32); ++k)
+          (*w)[n * K + k] = FloatToE4M3(v[n * K + k] / scale);
+    }
 }
-std::vector<uint8_t> Bytes(int64_t n, uint64_t seed, int lo, int hi) {
-  std::vector<uint8_t> w(n);
+
+// Gaussian weights as FP4 experts: E2M1 with a UE8M0 scale per row and 32.
+void QuantizedFp4(int64_t N, int64_t K, uint64_t seed, std::vector<uint8_t>* w, std::vector<uint8_t>* s) {
   Rng r(seed);
-  for (auto& c : w) c = static_cast<uint8_t>(lo + r.Next() % (hi - lo + 1));
-  return w;
+  w->assign(N * K / 2, 0);
+  s->assign(N * (K / 32), 127);
+  std::vector<float> g(32);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < K / 32; ++b) {
+      float amax = 0;
+      for (auto& x : g) {
+        const double u1 = (r.Next() >> 11) * 0x1p-53 + 0x1p-60, u2 = (r.Next() >> 11) * 0x1p-53;
+        x = static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+        amax = std::max(amax, std::fabs(x));
+      }
+      const uint8_t sb = Pow2CeilE8M0(amax * kInv6);
+      (*s)[n * (K / 32) + b] = sb;
+      const float scale = E8M0ToFloat(sb);
+      for (int i = 0; i < 32; ++i) {
+        const int64_t k = b * 32 + i;
+        const uint8_t c = FloatToE2M1(g[i] / scale);
+        (*w)[n * (K / 2) + k / 2] |= static_cast<uint8_t>((k & 1) ? c << 4 : c);
+      }
+    }
 }
+
 std::vector<uint16_t> Bf16Values(int64_t n, uint64_t seed, float amp) {
   std::vector<uint16_t> w(n);
   Rng r(seed);
@@ -299,8 +336,8 @@ void RunKernels(const KernelArgs& args) {
                                          {"fp8 wo_b 5120x8192", 5120, 8192},
                                          {"fp8 wq_b 32768x1280", 32768, 1280}};
   for (const auto& s : fp8_shapes) {
-    const std::vector<uint8_t> w = bench::Fp8Codes(s.out * s.in, 1);
-    const std::vector<uint8_t> sc = bench::Bytes(((s.out + 31) / 32) * ((s.in + 31) / 32), 2, 115, 125);
+    std::vector<uint8_t> w, sc;
+    bench::QuantizedFp8(s.out, s.in, 1, &w, &sc);
     const std::vector<float> x = bench::Acts(s.in, 3);
     const ref::Fp8Weight view{w.data(), sc.data(), s.out, s.in, 32};
     auto packs = std::make_shared<std::vector<cpu::PackedFp8>>();
@@ -328,8 +365,8 @@ void RunKernels(const KernelArgs& args) {
                  : std::vector<Fp4Shape>{{"fp4 expert_w1 2304x5120", 2304, 5120},
                                          {"fp4 expert_w2 5120x2304", 5120, 2304}};
   for (const auto& s : fp4_shapes) {
-    const std::vector<uint8_t> w = bench::Bytes(s.out * s.in / 2, 4, 0, 255);
-    const std::vector<uint8_t> sc = bench::Bytes(s.out * (s.in / 32), 5, 118, 126);
+    std::vector<uint8_t> w, sc;
+    bench::QuantizedFp4(s.out, s.in, 4, &w, &sc);
     const std::vector<float> x = bench::Acts(s.in, 6);
     const ref::Fp4Weight view{w.data(), sc.data(), s.out, s.in};
     auto packs = std::make_shared<std::vector<cpu::PackedFp4>>();
@@ -383,10 +420,9 @@ void RunKernels(const KernelArgs& args) {
   std::vector<int64_t> ms = args.gemm_m;
   if (ms.empty()) ms = args.quick ? std::vector<int64_t>{64, 256} : std::vector<int64_t>{64, 128, 256, 512, 1024, 2048};
   const int64_t N = 2304, K = 5120;
-  const std::vector<uint8_t> w8 = bench::Fp8Codes(N * K, 11);
-  const std::vector<uint8_t> s8 = bench::Bytes((N / 32) * (K / 32), 12, 115, 125);
-  const std::vector<uint8_t> w4 = bench::Bytes(N * K / 2, 13, 0, 255);
-  const std::vector<uint8_t> s4 = bench::Bytes(N * (K / 32), 14, 118, 126);
+  std::vector<uint8_t> w8, s8, w4, s4;
+  bench::QuantizedFp8(N, K, 11, &w8, &s8);
+  bench::QuantizedFp4(N, K, 13, &w4, &s4);
   const std::vector<uint16_t> wb = bench::Bf16Values(N * K, 15, 0.05f);
   const cpu::PackedFp8 p8 = cpu::PackFp8({w8.data(), s8.data(), N, K, 32});
   const cpu::PackedFp4 p4 = cpu::PackFp4({w4.data(), s4.data(), N, K});
@@ -447,6 +483,7 @@ void RunKernels(const KernelArgs& args) {
   out["gemm"] = gemm;
   out["notes"] = {
       "GEMV bytes_per_call = repacked weights + scales streamed per call; activations excluded (< 0.1%).",
+      "Weights: Gaussian values quantised like the checkpoints (E4M3 per 32x32 block, E2M1 per row x 32).",
       "Every fast kernel is bit-identical to the scalar reference op (tests/unit/cpu_kernels_test.cc).",
       "sgemm runs on the dequantised FP32 weights (4x/8x the bytes of FP8/FP4); GEMM flops = 2*M*N*K."};
   bench::WriteJson(json_path, out);

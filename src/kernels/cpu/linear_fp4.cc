@@ -82,11 +82,11 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
       hwy::Prefetch(reinterpret_cast<const uint8_t*>(wj) + kPrefetchBytes + 64);
       hwy::Prefetch(reinterpret_cast<const uint8_t*>(wj) + kPrefetchBytes + 128);
       hwy::Prefetch(reinterpret_cast<const uint8_t*>(wj) + kPrefetchBytes + 192);
-      hn::Vec<decltype(du)> x[V];
-      HWY_UNROLL(8)
-      for (int v = 0; v < V; ++v) x[v] = hn::LoadU(du, wj + v * kLanes);
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
       if constexpr (MT == 1) {
+        hn::Vec<decltype(du)> x[V];
+        HWY_UNROLL(8)
+        for (int v = 0; v < V; ++v) x[v] = hn::LoadU(du, wj + v * kLanes);
         // GEMV: per column the 16 possible products q·w form a table (exact:
         // the values the multiply would give), so each weight costs one
         // lookup and one add.
@@ -107,7 +107,9 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
       for (int i = 0; i < 8; ++i) {
         HWY_UNROLL(8)
         for (int v = 0; v < V; ++v) {
-          const VF w = E2M1Lookup(i == 0 ? x[v] : hn::ShiftRightSame(x[v], 4 * i));
+          // Reloaded (L1) rather than kept: MT·V partial sums need the registers.
+          const auto xv = hn::LoadU(du, wj + v * kLanes);
+          const VF w = E2M1Lookup(i == 0 ? xv : hn::ShiftRightSame(xv, 4 * i));
           HWY_UNROLL(8)
           for (int m = 0; m < MT; ++m)
             part[m][v] = hn::Add(part[m][v], hn::Mul(hn::Set(df, q[m * a.ldq + k8 + i]), w));
