@@ -10,8 +10,9 @@
 // Errors: Open() throws deepinfer::Error for a bad model directory or bad
 // engine arguments (the message names the argument, with vLLM's flag name).
 // Submit() throws Error(kInvalidArgument) for a bad request (empty prompt,
-// prompt + max_tokens over max_model_len, bad sampling parameters, token ids
-// out of range); nothing is queued then. A failure while a request runs (e.g.
+// prompt + max_tokens over max_model_len, bad sampling parameters such as
+// logprobs / prompt_logprobs above max_logprobs (-1, the whole vocabulary,
+// counts as vocab_size), token ids out of range); nothing is queued then. A failure while a request runs (e.g.
 // NaN logits) finishes that request alone with finish_reason "error" and a
 // message in RequestOutput::error; other requests continue.
 #pragma once
@@ -74,6 +75,23 @@ struct RequestOutput {
   std::vector<int32_t> token_ids;            // all generated tokens
   std::string text;                          // all generated text (after stop handling)
   std::vector<LogprobsEntry> logprobs;
+  // prompt_logprobs (vLLM's RequestOutput.prompt_logprobs), when
+  // params.prompt_logprobs = N is set: num_prompt_tokens entries, one per
+  // prompt position p. [0] is std::nullopt (the first token has no context).
+  // [p], p >= 1, is the raw log_softmax of the logits at position p-1 (the row
+  // that predicts prompt token p): `chosen` = prompt token p with its logprob
+  // and rank, `top` = the N most likely ids (the whole vocabulary for N = -1),
+  // descending, ties by lowest id (Sampler::PromptLogprobs). Always raw:
+  // independent of --logprobs-mode, temperature, penalties, logit_bias. The
+  // values depend only on the prompt (not on the batch, the token budget or
+  // preemption); each position is computed once even if the request is
+  // preempted and recomputed.
+  // Set in the output of the Step() that completed the prompt's entries (at
+  // the latest the step of the first generated token) and again in the
+  // finished output (whole-request value, like token_ids); empty in every
+  // other output, when not asked for, and when the request finished (abort,
+  // error) before its prompt was fully processed.
+  std::vector<std::optional<LogprobsEntry>> prompt_logprobs;
   int64_t num_prompt_tokens = 0;
   int64_t seed = 0;                          // the seed used (drawn by the engine if none was given)
   double time_to_first_token_s = 0;

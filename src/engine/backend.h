@@ -19,6 +19,8 @@ struct BackendSeq {
   int64_t start_pos = 0;            // absolute position of tokens[0]
   SequenceStateView state;          // where this sequence's state rows live
   bool want_logits = false;         // return logits of the chunk's last token
+  bool all_logits = false;          // return logits of EVERY token of the chunk (len rows; the
+                                    // last is the want_logits row); used for prompt_logprobs
 };
 
 class ModelBackend {
@@ -28,9 +30,12 @@ class ModelBackend {
   virtual int64_t vocab_size() const = 0;
   // State geometry for a paged block of `block_size` tokens.
   virtual StateGeometry Geometry(int64_t block_size) const = 0;
-  // Runs all chunks. `logits` receives, for each seq with want_logits in order,
-  // one FP32 row of vocab_size(). A sequence's results must not depend on the
-  // other sequences in the call. Throws deepinfer::Error on failure.
+  // Runs all chunks. `logits` receives, for the seqs in order, FP32 rows of
+  // vocab_size(): `len` rows (positions start_pos .. start_pos+len-1) for a
+  // seq with all_logits, else one row (its last token) for a seq with
+  // want_logits, else none. A row's values must not depend on the other
+  // sequences in the call, nor on all_logits, nor on how the sequence is
+  // chunked. Throws deepinfer::Error on failure.
   virtual void Forward(const std::vector<BackendSeq>& seqs, std::vector<float>* logits) = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "base/error.h"
@@ -36,6 +37,14 @@ struct RequestRecord {
   std::vector<int32_t> output_ids;
   std::string text;
   std::vector<LogprobsEntry> logprobs;
+  // prompt_logprobs: entries for positions [0, prompt_logprobs.size()) are
+  // final (computed once; a recompute after preemption skips them).
+  bool wants_prompt_logprobs = false;
+  bool prompt_logprobs_emitted = false;
+  std::vector<std::optional<LogprobsEntry>> prompt_logprobs;
+  bool prompt_logprobs_done() const {
+    return static_cast<int64_t>(prompt_logprobs.size()) == num_prompt_tokens;
+  }
   Clock::time_point arrival;
   std::optional<Clock::time_point> first_token;
   bool finished = false;
@@ -59,6 +68,7 @@ struct Engine::Impl {
   uint64_t next_id = 1;
   EngineStats stats;
   std::vector<float> logits;
+  std::vector<float> sample_rows;  // sampling rows gathered when a step also returns prompt rows
 
   RequestOutput& Pending(RequestRecord& r) {
     if (!r.has_pending) {
@@ -100,6 +110,7 @@ struct Engine::Impl {
     o.token_ids = r.output_ids;
     o.text = r.text;
     o.logprobs = r.logprobs;
+    if (r.wants_prompt_logprobs && r.prompt_logprobs_done()) o.prompt_logprobs = r.prompt_logprobs;
     o.num_prompt_tokens = r.num_prompt_tokens;
     o.seed = r.sampling ? r.sampling->seed() : 0;
     const auto now = Clock::now();
@@ -108,6 +119,74 @@ struct Engine::Impl {
     ++stats.num_finished;
   }
 };
+
+namespace {
+
+// The prompt positions whose prompt_logprobs entries a chunk's rows give and
+// that are still missing: the row at position q predicts prompt token q+1, so
+// the chunk [start, start+len) covers entries [start+1, start+len] ∩ [1, P);
+// entries [0, done) exist already (a recompute after preemption skips them).
+struct PromptRowRange {
+  int64_t first_entry = 0, end_entry = 0;  // entries [first_entry, end_entry)
+  bool empty() const { return first_entry >= end_entry; }
+};
+
+PromptRowRange PromptRows(const RequestRecord& r, const ScheduledSeq& q) {
+  if (!r.wants_prompt_logprobs) return {};
+  const int64_t done = static_cast<int64_t>(r.prompt_logprobs.size());
+  return {std::max(q.start + 1, done), std::min(q.start + q.len + 1, r.num_prompt_tokens)};
+}
+
+bool NeedsPromptRows(const RequestRecord& r, const ScheduledSeq& q) { return !PromptRows(r, q).empty(); }
+
+// Converts this step's prompt rows into prompt_logprobs entries right away (the
+// rows are not kept): entries are appended to each request in position order;
+// a failure (NaN logits) fails that request only.
+void ComputePromptLogprobs(Engine::Impl& m, const StepPlan& plan, const std::vector<BackendSeq>& seqs,
+                           const std::vector<int64_t>& row0, std::vector<std::optional<std::string>>* row_error) {
+  struct Task {
+    size_t seq;
+    int64_t entry;  // prompt position p; computed from the row at position p-1
+  };
+  std::vector<Task> tasks;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    if (!seqs[i].all_logits || (*row_error)[i]) continue;
+    const PromptRowRange pr = PromptRows(*m.requests.at(plan.seqs[i].id), plan.seqs[i]);
+    for (int64_t p = pr.first_entry; p < pr.end_entry; ++p) tasks.push_back({i, p});
+  }
+  const int64_t vocab = m.backend->vocab_size();
+  const int64_t n = static_cast<int64_t>(tasks.size());
+  std::vector<LogprobsEntry> entries(tasks.size());
+  std::vector<std::optional<std::string>> errors(tasks.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < n; ++t) {
+    const Task& k = tasks[static_cast<size_t>(t)];
+    const ScheduledSeq& q = plan.seqs[k.seq];
+    try {
+      const RequestRecord& r = *m.requests.at(q.id);
+      const SeqState* st = m.scheduler->Get(q.id);
+      const int64_t row = row0[k.seq] + (k.entry - 1 - q.start);
+      entries[static_cast<size_t>(t)] = m.sampler->PromptLogprobs(
+          std::span<const float>(m.logits.data() + row * vocab, static_cast<size_t>(vocab)),
+          st->token_ids[static_cast<size_t>(k.entry)], *r.params.prompt_logprobs);
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(t)] = fmt::format("prompt_logprobs at prompt position {}: {}", k.entry, e.what());
+    }
+  }
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    const size_t i = tasks[t].seq;
+    if ((*row_error)[i]) continue;
+    if (errors[t]) {
+      (*row_error)[i] = *errors[t];
+      continue;
+    }
+    RequestRecord& r = *m.requests.at(plan.seqs[i].id);
+    DI_CHECK(static_cast<int64_t>(r.prompt_logprobs.size()) == tasks[t].entry);
+    r.prompt_logprobs.emplace_back(std::move(entries[t]));
+  }
+}
+
+}  // namespace
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
@@ -205,8 +284,6 @@ uint64_t Engine::Submit(const GenerateRequest& req) {
   limits.vocab_size = vocab;
   limits.max_logprobs = m.args.max_logprobs;
   req.params.Validate(limits);
-  if (req.params.prompt_logprobs)
-    Fail(ErrorKind::kInvalidArgument, "{}: prompt_logprobs is not supported yet", label);
   const int64_t n = static_cast<int64_t>(ids.size());
   if (req.params.max_tokens && n + *req.params.max_tokens > m.args.max_model_len)
     Fail(ErrorKind::kInvalidArgument,
@@ -217,6 +294,11 @@ uint64_t Engine::Submit(const GenerateRequest& req) {
   rec->request_id = req.request_id;
   rec->params = req.params;
   rec->num_prompt_tokens = n;
+  if (req.params.prompt_logprobs) {
+    rec->wants_prompt_logprobs = true;
+    rec->prompt_logprobs.reserve(static_cast<size_t>(n));
+    rec->prompt_logprobs.emplace_back();  // position 0: no context
+  }
   rec->arrival = Clock::now();
   const int64_t seed = ResolveSeed(req.params);
   rec->sampling = std::make_unique<SamplingState>(req.params, seed, vocab, ids, req.request_id);
@@ -259,6 +341,7 @@ std::vector<RequestOutput> Engine::Step() {
       b.start_pos = q.start;
       b.state = m.pool->View(st->slot, st->block_table.data(), static_cast<int64_t>(st->block_table.size()));
       b.want_logits = q.sample;
+      b.all_logits = NeedsPromptRows(*m.requests.at(q.id), q);
       seqs.push_back(b);
       if (q.start < st->num_prompt_tokens) m.stats.prompt_tokens_total += std::min(q.start + q.len, st->num_prompt_tokens) - q.start;
     }
@@ -283,12 +366,31 @@ std::vector<RequestOutput> Engine::Step() {
     }
     std::vector<int32_t> sampled(plan.seqs.size(), -1);
     std::vector<std::optional<std::string>> row_error(plan.seqs.size());
+    const int64_t vocab = m.backend->vocab_size();
+    // Logits row layout (backend.h): len rows for an all_logits seq, one for a sampling seq.
+    std::vector<int64_t> row0(plan.seqs.size(), -1);
+    int64_t num_rows = 0;
+    bool any_all_logits = false;
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      if (seqs[i].all_logits) {
+        row0[i] = num_rows;
+        num_rows += seqs[i].len;
+        any_all_logits = true;
+      } else if (seqs[i].want_logits) {
+        row0[i] = num_rows;
+        num_rows += 1;
+      }
+    }
     try {
       m.backend->Forward(seqs, &m.logits);
+      if (static_cast<int64_t>(m.logits.size()) != num_rows * vocab)
+        Fail(ErrorKind::kInternal, "the backend returned {} logits, expected {} rows x vocab {}", m.logits.size(),
+             num_rows, vocab);
     } catch (const Error& e) {
       // The model failed for the whole batch: fail every request in it, keep the engine alive.
       for (size_t i = 0; i < plan.seqs.size(); ++i) row_error[i] = std::string("model forward failed: ") + e.what();
     }
+    if (any_all_logits) ComputePromptLogprobs(m, plan, seqs, row0, &row_error);
     // Sample every row that wants a token.
     std::vector<const SamplingState*> states;
     std::vector<size_t> rows;
@@ -299,9 +401,19 @@ std::vector<RequestOutput> Engine::Step() {
     }
     std::vector<SampleOutcome> outcomes;
     if (!states.empty()) {
-      const int64_t vocab = m.backend->vocab_size();
-      // Logit rows are in the order of want_logits seqs, which is plan order for sampling rows.
-      outcomes = m.sampler->SampleBatch(m.logits.data(), vocab, states);
+      if (!any_all_logits) {
+        // One logits row per sampling seq, in plan order.
+        outcomes = m.sampler->SampleBatch(m.logits.data(), vocab, states);
+      } else {
+        // Prompt rows are interleaved: gather each sampling seq's last row.
+        m.sample_rows.resize(rows.size() * static_cast<size_t>(vocab));
+        for (size_t k = 0; k < rows.size(); ++k) {
+          const size_t i = rows[k];
+          const int64_t row = row0[i] + (seqs[i].all_logits ? seqs[i].len - 1 : 0);
+          std::copy_n(m.logits.data() + row * vocab, vocab, m.sample_rows.data() + k * vocab);
+        }
+        outcomes = m.sampler->SampleBatch(m.sample_rows.data(), vocab, states);
+      }
     }
     for (size_t k = 0; k < rows.size(); ++k) {
       if (outcomes[k].ok()) sampled[rows[k]] = outcomes[k].result.token_id;
@@ -315,6 +427,14 @@ std::vector<RequestOutput> Engine::Step() {
       m.FinishRecord(r, "error", *row_error[i]);
     }
     m.scheduler->Update(plan, sampled);
+    // prompt_logprobs complete: report them once, now (again in the finished output).
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      if (row_error[i]) continue;
+      RequestRecord& r = *m.requests.at(plan.seqs[i].id);
+      if (r.finished || !r.wants_prompt_logprobs || r.prompt_logprobs_emitted || !r.prompt_logprobs_done()) continue;
+      m.Pending(r).prompt_logprobs = r.prompt_logprobs;
+      r.prompt_logprobs_emitted = true;
+    }
     const auto now = Clock::now();
     for (size_t k = 0; k < rows.size(); ++k) {
       const size_t i = rows[k];

@@ -30,7 +30,9 @@ class V41Backend : public ModelBackend {
       f.len = s.len;
       f.start_pos = s.start_pos;
       f.state = s.state;
-      f.logits = s.want_logits ? v41::ForwardSeq::Logits::kLast : v41::ForwardSeq::Logits::kNone;
+      f.logits = s.all_logits    ? v41::ForwardSeq::Logits::kAll
+                 : s.want_logits ? v41::ForwardSeq::Logits::kLast
+                                 : v41::ForwardSeq::Logits::kNone;
       batch.seqs.push_back(f);
     }
     model_->Forward(batch, &out_);
