@@ -5,9 +5,14 @@
 // Input lines: {"prompt": "..."} | {"messages": [...]} | {"prompt_token_ids": [...]},
 // each optionally with any sampling field of the OpenAI/vLLM API (max_tokens,
 // temperature, top_p, top_k, min_p, penalties, seed, stop, stop_token_ids,
-// ignore_eos, logprobs, ...) overriding the command-line defaults, and a
-// "request_id". A bad line yields {"index": i, "error": "..."} for that line
-// only; every other line completes.
+// ignore_eos, logprobs, prompt_logprobs, ...) overriding the command-line
+// defaults, and a "request_id". A bad line yields {"index": i, "error": "..."}
+// for that line only; every other line completes.
+//
+// Output lines: text, token_ids, finish_reason, stop_reason, prompt_tokens,
+// completion_tokens, seed, logprobs (one object per generated token: token_id,
+// token, logprob, rank, top_logprobs), prompt_logprobs (one element per prompt
+// token in the same shape, null for the first token), timings.
 #include <unistd.h>
 
 #include <chrono>
@@ -39,20 +44,31 @@ struct GenerateOptions {
   bool no_progress = false;
 };
 
+// One position: {"token_id", "logprob", "rank", "top_logprobs": [{"token_id", "logprob", "rank", "token"}],
+// "token"} ("token" = the decoded text, when the model has a tokenizer).
+json EntryJson(const LogprobsEntry& e, const Tokenizer* tok) {
+  json top = json::array();
+  for (const auto& t : e.top) {
+    json o = {{"token_id", t.token_id}, {"logprob", t.logprob}, {"rank", t.rank}};
+    if (tok) o["token"] = tok->Decode(std::vector<int32_t>{t.token_id});
+    top.push_back(o);
+  }
+  json c = {{"token_id", e.chosen.token_id}, {"logprob", e.chosen.logprob}, {"rank", e.chosen.rank},
+            {"top_logprobs", top}};
+  if (tok) c["token"] = tok->Decode(std::vector<int32_t>{e.chosen.token_id});
+  return c;
+}
+
 json LogprobsJson(const std::vector<LogprobsEntry>& entries, const Tokenizer* tok) {
   json arr = json::array();
-  for (const auto& e : entries) {
-    json top = json::array();
-    for (const auto& t : e.top) {
-      json o = {{"token_id", t.token_id}, {"logprob", t.logprob}, {"rank", t.rank}};
-      if (tok) o["token"] = tok->Decode(std::vector<int32_t>{t.token_id});
-      top.push_back(o);
-    }
-    json c = {{"token_id", e.chosen.token_id}, {"logprob", e.chosen.logprob}, {"rank", e.chosen.rank},
-              {"top_logprobs", top}};
-    if (tok) c["token"] = tok->Decode(std::vector<int32_t>{e.chosen.token_id});
-    arr.push_back(c);
-  }
+  for (const auto& e : entries) arr.push_back(EntryJson(e, tok));
+  return arr;
+}
+
+// prompt_logprobs: one element per prompt token, null for the first (no context).
+json PromptLogprobsJson(const std::vector<std::optional<LogprobsEntry>>& entries, const Tokenizer* tok) {
+  json arr = json::array();
+  for (const auto& e : entries) arr.push_back(e ? EntryJson(*e, tok) : json(nullptr));
   return arr;
 }
 
@@ -158,6 +174,7 @@ void RunGenerate(const GenerateOptions& o) {
       res["completion_tokens"] = r.token_ids.size();
       res["seed"] = r.seed;
       if (!r.logprobs.empty()) res["logprobs"] = LogprobsJson(r.logprobs, tok);
+      if (!r.prompt_logprobs.empty()) res["prompt_logprobs"] = PromptLogprobsJson(r.prompt_logprobs, tok);
       res["time_to_first_token_s"] = r.time_to_first_token_s;
       res["total_time_s"] = r.total_time_s;
       ++done;
@@ -202,6 +219,9 @@ void RegisterGenerate(CLI::App& app) {
   cmd->add_flag("--no-progress", o->no_progress, "No progress bar");
   AddEngineFlags(cmd, &o->engine);
   AddSamplingFlags(cmd, &o->sampling);
+  cmd->add_option_function<int64_t>(
+      "--prompt-logprobs", [o](const int64_t& v) { o->sampling.given["prompt_logprobs"] = v; },
+      "Return the logprob of every prompt token and the top-K at each prompt position (-1 = whole vocabulary)");
   cmd->callback([o] { RunGenerate(*o); });
 }
 

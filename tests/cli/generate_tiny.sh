@@ -78,4 +78,50 @@ set -e
 [ "$rc" = 2 ] && [ "$(wc -l < "$T/err3")" = 1 ] && grep -q "^error: .*--seed" "$T/err3" || fail "--seed abc: exit $rc $(cat "$T/err3")"
 [ "$rc4" = 2 ] && grep -q "^error: --num-kv-blocks" "$T/err4" || fail "--num-kv-blocks -1: exit $rc4 $(cat "$T/err4")"
 [ "$rc5" = 2 ] && grep -q "is a directory" "$T/err5" || fail "--prompts DIR: exit $rc5 $(cat "$T/err5")"
+
+# prompt_logprobs: a per-line field and the --prompt-logprobs default. Entry p (p >= 1) is the logprob of
+# prompt token p under the logits at position p-1, i.e. the first-token logprobs of the prompt cut before p.
+cat > "$T/plp.jsonl" <<'JSONL'
+{"prompt_token_ids": [0, 400, 500, 600, 700], "max_tokens": 1, "prompt_logprobs": 2}
+{"prompt_token_ids": [0, 400, 500, 600], "max_tokens": 1, "logprobs": 2}
+{"prompt_token_ids": [0, 400, 500, 600, 700], "max_tokens": 2, "temperature": 0.9, "seed": 1}
+{"prompt": "x", "prompt_logprobs": 50}
+{"prompt": "x", "prompt_logprobs": -2}
+{"prompt": "x", "prompt_logprobs": "x"}
+{"prompt": "x", "max_tokens": 0, "prompt_logprobs": 1}
+JSONL
+"$BIN" generate --model "$TINY" --prompts "$T/plp.jsonl" --output "$T/plp_out.jsonl" --max-model-len 512 \
+  --max-num-seqs 4 --max-num-batched-tokens 3 --temperature 0 --prompt-logprobs 1 --threads 1 2> "$T/plp_err" \
+  || fail "generate --prompt-logprobs exited $?: $(cat "$T/plp_err")"
+grep -q "^generate: 7 requests (4 errors)" "$T/plp_err" || fail "prompt_logprobs summary: $(cat "$T/plp_err")"
+python3 - "$T/plp_out.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+ids = [0, 400, 500, 600, 700]
+a = rows[0]["prompt_logprobs"]
+assert len(a) == 5 and a[0] is None, a
+for p in range(1, 5):
+    e = a[p]
+    assert e["token_id"] == ids[p], e
+    assert isinstance(e["token"], str) and e["logprob"] <= 0 and e["rank"] >= 1, e
+    top = e["top_logprobs"]
+    assert len(top) == 2 and top[0]["rank"] == 1 and top[0]["logprob"] >= top[1]["logprob"], e
+    assert all(set(t) == {"token_id", "token", "logprob", "rank"} for t in top), e
+# The last entry = the logprobs of the first token generated after [0, 400, 500, 600] (raw, bit for bit in JSON).
+b = rows[1]["logprobs"][0]
+assert a[4]["top_logprobs"] == b["top_logprobs"], (a[4], b)
+assert rows[1]["token_ids"][0] == b["top_logprobs"][0]["token_id"]  # greedy
+# rows[1] got the command-line default (1) too: its own prompt positions, same values as rows[0].
+assert [x["logprob"] for x in rows[1]["prompt_logprobs"][1:]] == [x["logprob"] for x in a[1:4]], rows[1]
+# The default (1 top entry) under other sampling settings: same values as rows[0], top cut to 1.
+c = rows[2]["prompt_logprobs"]
+assert len(c) == 5 and c[0] is None
+for p in range(1, 5):
+    assert (c[p]["logprob"], c[p]["rank"]) == (a[p]["logprob"], a[p]["rank"]), (c[p], a[p])
+    assert c[p]["top_logprobs"] == a[p]["top_logprobs"][:1], (c[p], a[p])
+for i in (3, 4, 5):
+    assert "prompt_logprobs" in rows[i]["error"], rows[i]
+assert "max_tokens" in rows[6]["error"], rows[6]
+print("prompt_logprobs ok")
+PY
 echo "1 passed, 0 failed"
