@@ -145,7 +145,6 @@ void ParseCommon(const json& body, ParsedRequest* r) {
   }
   if (const json* u = Field(body, "user"); u && !u->is_string())
     BadRequest(fmt::format("user: expected a string, found {}", u->type_name()), "user");
-  RejectIfSet(body, "prompt_logprobs", "prompt logprobs are not implemented by this engine");
   for (const char* k : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"})
     RejectIfSet(body, k, "structured output is not implemented by this engine");
   if (const json* rf = Field(body, "response_format")) {
@@ -178,6 +177,15 @@ SamplingParams ParseSampling(const json& sampling_fields, const ModelInfo& info,
     if (a.param == std::optional<std::string>("logprobs")) a.param = logprobs_param;
     throw a;
   }
+}
+
+// prompt_logprobs (vLLM extension): the value itself is checked by the sampler
+// fields (integer, -1 or [0, max_logprobs]); like vLLM, not with streaming.
+void CheckPromptLogprobs(ParsedRequest* r) {
+  r->want_prompt_logprobs = r->params.prompt_logprobs.has_value();
+  if (r->want_prompt_logprobs && r->stream)
+    BadRequest("prompt_logprobs is not available when stream is true; send the request with stream false",
+               "prompt_logprobs");
 }
 
 void CheckContext(const ParsedRequest& r, const ModelInfo& info, const char* prompt_param) {
@@ -286,7 +294,8 @@ ParsedRequest ParseCompletionRequest(const json& body, const ModelInfo& info) {
   r.params = ParseSampling(body, info, defaults, "logprobs");
   r.want_logprobs = r.params.logprobs.has_value();
   if (r.echo && r.want_logprobs)
-    BadRequest("echo with logprobs is not supported (it needs prompt logprobs)", "echo");
+    BadRequest("echo with logprobs is not supported (ask for prompt_logprobs to get the prompt's logprobs)", "echo");
+  CheckPromptLogprobs(&r);
   CheckContext(r, info, "prompt");
   return r;
 }
@@ -376,6 +385,7 @@ ParsedRequest ParseChatRequest(const json& body, const nlohmann::ordered_json& o
     throw;
   }
   r.want_logprobs = r.params.logprobs.has_value();
+  CheckPromptLogprobs(&r);
   CheckContext(r, info, "messages");
   return r;
 }
@@ -387,6 +397,9 @@ std::vector<GenerateRequest> ParsedRequest::ToGenerateRequests(const std::string
     GenerateRequest g;
     g.prompt_token_ids = prompts[static_cast<size_t>(c / n)];
     g.params = params;
+    // Every choice of a prompt has the same prompt_logprobs: only its first choice computes them
+    // (ResponseBuilder copies them to the others).
+    if (c % n != 0) g.params.prompt_logprobs.reset();
     if (params.seed) g.params.seed = static_cast<int64_t>(static_cast<uint64_t>(*params.seed) + static_cast<uint64_t>(c % n));
     g.request_id = fmt::format("{}-{}", request_id, c);
     out.push_back(std::move(g));
@@ -493,6 +506,31 @@ json ResponseBuilder::CompletionLogprobs(int64_t* text_offset, const std::vector
   return json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
 }
 
+json ResponseBuilder::PromptLogprobsJson(const std::vector<std::optional<LogprobsEntry>>& entries) const {
+  // vLLM: [null, {"<token id>": {"logprob", "rank", "decoded_token"}, ...}, ...]; each dict holds the
+  // top-N ids and the prompt token itself.
+  json arr = json::array();
+  for (const auto& e : entries) {
+    if (!e) {
+      arr.push_back(nullptr);
+      continue;
+    }
+    json d = json::object();
+    auto put = [&](const TokenLogprob& x) {
+      d[std::to_string(x.token_id)] = json{
+          {"logprob", Logprob(x.logprob)}, {"rank", x.rank}, {"decoded_token", TokenText(info_.tokenizer, x.token_id)}};
+    };
+    put(e->chosen);
+    for (const TokenLogprob& x : e->top) put(x);
+    arr.push_back(d);
+  }
+  return arr;
+}
+
+const std::vector<std::optional<LogprobsEntry>>& ResponseBuilder::PromptLogprobsOf(size_t choice) const {
+  return choices_.at(choice / static_cast<size_t>(req_.n) * static_cast<size_t>(req_.n)).prompt_logprobs;
+}
+
 json ResponseBuilder::ChatLogprobs(const std::vector<LogprobsEntry>& entries) const {
   json content = json::array();
   for (const LogprobsEntry& e : entries) {
@@ -514,6 +552,7 @@ ReasoningSplitter::Delta ResponseBuilder::Apply(Choice& c, ChoiceOutput& o) {
   ReasoningSplitter::Delta d = c.splitter.Push(out.new_text);
   c.token_ids.insert(c.token_ids.end(), out.new_token_ids.begin(), out.new_token_ids.end());
   if (req_.want_logprobs) c.logprobs.insert(c.logprobs.end(), out.new_logprobs.begin(), out.new_logprobs.end());
+  if (req_.want_prompt_logprobs && !out.prompt_logprobs.empty()) c.prompt_logprobs = std::move(out.prompt_logprobs);
   if (out.finished && !c.finished) {
     ReasoningSplitter::Delta tail = c.splitter.Flush();
     d.reasoning += tail.reasoning;
@@ -640,17 +679,22 @@ json ResponseBuilder::Final() const {
       }
       ch["text"] = text;
       ch["logprobs"] = req_.want_logprobs ? CompletionLogprobs(&offset, c.logprobs) : json(nullptr);
+      if (req_.want_prompt_logprobs) ch["prompt_logprobs"] = PromptLogprobsJson(PromptLogprobsOf(i));
     }
     ch["finish_reason"] = c.finished ? json(c.finish_reason) : json(nullptr);
     ch["stop_reason"] = c.stop_reason;
     choices.push_back(ch);
   }
-  return json{{"id", id_},
+  json res = {{"id", id_},
               {"object", req_.endpoint == Endpoint::kChat ? "chat.completion" : "text_completion"},
               {"created", created_},
               {"model", info_.served_model_names.at(0)},
               {"choices", choices},
               {"usage", Usage()}};
+  // Chat (vLLM): one prompt, so prompt_logprobs sits at the top level of the response.
+  if (req_.endpoint == Endpoint::kChat && req_.want_prompt_logprobs && !choices_.empty())
+    res["prompt_logprobs"] = PromptLogprobsJson(PromptLogprobsOf(0));
+  return res;
 }
 
 }  // namespace deepinfer::server

@@ -9,19 +9,26 @@
 //   completions: model, prompt (string | [string] | [int] | [[int]]), n,
 //     max_tokens (default 16), stream, stream_options {include_usage,
 //     continuous_usage_stats}, logprobs (int: top-N per token), echo, stop,
-//     seed, user, and the sampler fields (sampling_params.h).
+//     seed, user, prompt_logprobs (vLLM extension, below), and the sampler
+//     fields (sampling_params.h).
 //   chat: model, messages (rendered with the DeepSeek V4/V4.1 chat format,
 //     chat_format.h), n, max_completion_tokens / max_tokens (default: up to
 //     the context), stream, stream_options, logprobs (bool) + top_logprobs,
 //     stop, seed, user, reasoning_effort, chat_template_kwargs {thinking,
 //     reasoning_effort, drop_thinking}, add_generation_prompt, the sampler
-//     fields. Thinking mode (chat_template_kwargs.thinking, or the server's
-//     default): the generated text up to "</think>" is returned as
-//     message.reasoning_content (delta.reasoning_content when streaming), the
-//     rest as content.
+//     fields, prompt_logprobs. Thinking mode (chat_template_kwargs.thinking,
+//     or the server's default): the generated text up to "</think>" is
+//     returned as message.reasoning_content (delta.reasoning_content when
+//     streaming), the rest as content.
+// prompt_logprobs = N (vLLM extension; an integer, -1 = whole vocabulary, within
+//   --max-logprobs; not allowed with stream = true): completions return
+//   choices[i].prompt_logprobs, chat the top-level prompt_logprobs, in vLLM's
+//   format: one element per prompt token, null for the first, else
+//   {"<token id>": {"logprob", "rank", "decoded_token"}} holding the top-N ids
+//   and the prompt token itself (raw log_softmax; -inf as -9999.0).
 // Unknown fields are ignored (vLLM's behaviour). Fields this engine cannot
 // honour are rejected with 400 rather than ignored: suffix, best_of != n,
-// prompt_logprobs, tools / functions (no tool-call parser yet),
+// tools / functions (no tool-call parser yet),
 // response_format other than {"type": "text"}, guided_* / structured_outputs,
 // skip_special_tokens = false, continue_final_message = true, echo with
 // logprobs.
@@ -116,6 +123,7 @@ struct ParsedRequest {
   bool echo = false;
   bool thinking = false;        // chat: split reasoning_content
   bool want_logprobs = false;   // params.logprobs is set
+  bool want_prompt_logprobs = false;  // params.prompt_logprobs is set
   int num_choices() const { return static_cast<int>(prompts.size()) * n; }
   // One engine request per choice (see "n > 1" above).
   std::vector<GenerateRequest> ToGenerateRequests(const std::string& request_id) const;
@@ -175,6 +183,7 @@ class ResponseBuilder {
     std::string content, reasoning;
     std::vector<int32_t> token_ids;
     std::vector<LogprobsEntry> logprobs;
+    std::vector<std::optional<LogprobsEntry>> prompt_logprobs;  // first choice of each prompt only
     bool started = false;
     bool finished = false;
     std::string finish_reason;
@@ -188,6 +197,9 @@ class ResponseBuilder {
   ReasoningSplitter::Delta Apply(Choice& c, ChoiceOutput& o);
   nlohmann::json CompletionLogprobs(int64_t* text_offset, const std::vector<LogprobsEntry>& entries) const;
   nlohmann::json ChatLogprobs(const std::vector<LogprobsEntry>& entries) const;
+  nlohmann::json PromptLogprobsJson(const std::vector<std::optional<LogprobsEntry>>& entries) const;
+  // The prompt_logprobs of choice `choice`'s prompt (computed by its first choice).
+  const std::vector<std::optional<LogprobsEntry>>& PromptLogprobsOf(size_t choice) const;
 
   const ParsedRequest& req_;
   const ModelInfo& info_;

@@ -238,6 +238,73 @@ test('logprobs and top_logprobs', async () => {
   assert.deepEqual(sl, lp.token_logprobs);
 });
 
+test('prompt_logprobs (vLLM extension): completions and chat', async () => {
+  const prompt = 'The quick brown fox jumps over';
+  const ids = (await post('/tokenize', { prompt })).json.tokens;
+  const P = ids.length;
+  assert.ok(P >= 4);
+  const r = await client.completions.create({ model: 'tiny', prompt, max_tokens: 2, temperature: 0, prompt_logprobs: 3 });
+  const plp = r.choices[0].prompt_logprobs;
+  assert.equal(plp.length, P, 'one element per prompt token');
+  assert.equal(plp[0], null, 'the first prompt token has no context');
+  for (let p = 1; p < P; p++) {
+    const d = plp[p];
+    assert.ok(String(ids[p]) in d, `position ${p} holds the prompt token ${ids[p]}`);
+    const entries = Object.entries(d);
+    assert.ok(entries.length === 3 || entries.length === 4, `top 3 + the prompt token (${entries.length})`);
+    for (const [id, v] of entries) {
+      assert.match(id, /^[0-9]+$/);
+      assert.ok(v.logprob <= 0 && Number.isFinite(v.logprob));
+      assert.ok(Number.isInteger(v.rank) && v.rank >= 1);
+      assert.equal(typeof v.decoded_token, 'string');
+    }
+    // Ranks order the logprobs; the top 3 are ranks 1..3; a 4th entry is the prompt token below them.
+    const byRank = entries.map(([, v]) => v).sort((a, b) => a.rank - b.rank);
+    assert.deepEqual(byRank.slice(0, 3).map((v) => v.rank), [1, 2, 3]);
+    for (let k = 1; k < byRank.length; k++) assert.ok(byRank[k - 1].logprob >= byRank[k].logprob);
+    if (entries.length === 4) assert.ok(d[String(ids[p])].rank > 3);
+  }
+  // The last entry is the logits at position P-2: the same as the first generated token's logprobs
+  // (greedy = rank 1) for the prompt without its last token.
+  const prefix = await client.completions.create({ model: 'tiny', prompt: ids.slice(0, P - 1), max_tokens: 1, temperature: 0, logprobs: 3 });
+  const last = Object.values(plp[P - 1]);
+  const rank1 = last.find((v) => v.rank === 1);
+  assert.equal(prefix.choices[0].logprobs.tokens[0], rank1.decoded_token);
+  assert.equal(prefix.choices[0].logprobs.token_logprobs[0], rank1.logprob);
+  for (const [text, lp] of Object.entries(prefix.choices[0].logprobs.top_logprobs[0])) {
+    assert.ok(last.some((v) => v.decoded_token === text && v.logprob === lp), `top token ${JSON.stringify(text)}`);
+  }
+  // Token-id prompt, other sampling settings, n = 2, batched with another prompt: the same values.
+  const again = await client.completions.create({
+    model: 'tiny', prompt: [ids, 'Another prompt here'], max_tokens: 3, temperature: 0.9, seed: 3, n: 2, prompt_logprobs: 3,
+  });
+  assert.equal(again.choices.length, 4);
+  assert.deepEqual(again.choices[0].prompt_logprobs, plp);
+  assert.deepEqual(again.choices[1].prompt_logprobs, plp);
+  assert.equal(again.choices[2].prompt_logprobs.length, (await post('/tokenize', { prompt: 'Another prompt here' })).json.count);
+  assert.deepEqual(again.choices[3].prompt_logprobs, again.choices[2].prompt_logprobs);
+  // Not asked: no prompt_logprobs.
+  assert.equal(prefix.choices[0].prompt_logprobs, undefined);
+  // prompt_logprobs 0: only the prompt token itself.
+  const zero = await client.completions.create({ model: 'tiny', prompt, max_tokens: 1, prompt_logprobs: 0 });
+  for (let p = 1; p < P; p++) assert.deepEqual(Object.keys(zero.choices[0].prompt_logprobs[p]), [String(ids[p])]);
+  assert.deepEqual(zero.choices[0].prompt_logprobs[P - 1][String(ids[P - 1])], plp[P - 1][String(ids[P - 1])]);
+  // Chat: the top-level prompt_logprobs of the rendered prompt.
+  const messages = [{ role: 'user', content: 'Hi there' }];
+  const c = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 2, temperature: 0, prompt_logprobs: 2 });
+  const ctok = (await post('/tokenize', { messages })).json.tokens;
+  assert.equal(c.prompt_logprobs.length, ctok.length);
+  assert.equal(c.usage.prompt_tokens, ctok.length);
+  assert.equal(c.prompt_logprobs[0], null);
+  const viaCompletion = await client.completions.create({ model: 'tiny', prompt: ctok, max_tokens: 1, prompt_logprobs: 2 });
+  assert.deepEqual(c.prompt_logprobs, viaCompletion.choices[0].prompt_logprobs);
+  // Streaming is refused (as vLLM), naming the field.
+  const s = await post('/v1/completions', { model: 'tiny', prompt, prompt_logprobs: 1, stream: true });
+  assert.equal(s.status, 400);
+  assert.equal(s.json.error.param, 'prompt_logprobs');
+  assert.match(s.json.error.message, /stream/);
+});
+
 test('stop strings end the text before the match', async () => {
   const base = { model: 'tiny', prompt: 'Stop test: the', max_tokens: 16, temperature: 0 };
   const full = (await client.completions.create(base)).choices[0].text;
@@ -387,6 +454,12 @@ const BAD = [
   ['min_tokens above max_tokens', C, { prompt: 'a', max_tokens: 2, min_tokens: 5 }, 400, 'invalid_request_error', 'min_tokens'],
   ['stop_token_ids negative', C, { prompt: 'a', stop_token_ids: [-1] }, 400, 'invalid_request_error', 'stop_token_ids'],
   ['echo with logprobs', C, { prompt: 'a', echo: true, logprobs: 1 }, 400, 'invalid_request_error', 'echo'],
+  ['prompt_logprobs above max_logprobs', C, { prompt: 'a', prompt_logprobs: 50 }, 400, 'invalid_request_error', 'prompt_logprobs'],
+  ['prompt_logprobs -2', C, { prompt: 'a', prompt_logprobs: -2 }, 400, 'invalid_request_error', 'prompt_logprobs'],
+  ['prompt_logprobs a string', C, { prompt: 'a', prompt_logprobs: 'x' }, 400, 'invalid_request_error', 'prompt_logprobs'],
+  ['prompt_logprobs -1 (whole vocabulary) above max_logprobs', C, { prompt: 'a', prompt_logprobs: -1 }, 400, 'invalid_request_error', 'prompt_logprobs'],
+  ['prompt_logprobs with stream', C, { prompt: 'a', prompt_logprobs: 1, stream: true }, 400, 'invalid_request_error', 'prompt_logprobs'],
+  ['chat: prompt_logprobs above max_logprobs', CH, { messages: msgs, prompt_logprobs: 50 }, 400, 'invalid_request_error', 'prompt_logprobs'],
   ['oversized body', C, JSON.stringify({ prompt: 'x'.repeat(1_200_000) }), 413, 'invalid_request_error'],
   ['chat: messages missing', CH, { model: 'tiny' }, 400, 'invalid_request_error', 'messages'],
   ['chat: messages empty', CH, { messages: [] }, 400, 'invalid_request_error', 'messages'],

@@ -321,6 +321,68 @@ TEST(OpenAiParse, ErrorsNameTheField) {
   EXPECT_EQ(Catch([] { ParseJsonBody("[1,2]"); }).status, 400);
 }
 
+TEST(OpenAiParse, PromptLogprobs) {
+  const ModelInfo info = Info();
+  auto comp = [&](const char* body) { return ParseCompletionRequest(json::parse(body), info); };
+  auto comp_err = [&](const char* body) { return Catch([&] { comp(body); }); };
+  ParsedRequest r = comp(R"({"prompt":"a b","prompt_logprobs":2,"n":2})");
+  EXPECT_TRUE(r.want_prompt_logprobs);
+  EXPECT_EQ(r.params.prompt_logprobs, std::optional<int64_t>(2));
+  // Choices of one prompt share prompt_logprobs: only the first computes them.
+  const auto gens = r.ToGenerateRequests("cmpl-x");
+  ASSERT_EQ(gens.size(), 2u);
+  EXPECT_EQ(gens[0].params.prompt_logprobs, std::optional<int64_t>(2));
+  EXPECT_FALSE(gens[1].params.prompt_logprobs.has_value());
+  EXPECT_FALSE(comp(R"({"prompt":"a"})").want_prompt_logprobs);
+  for (const char* bad : {R"({"prompt":"a","prompt_logprobs":50})", R"({"prompt":"a","prompt_logprobs":-2})",
+                          R"({"prompt":"a","prompt_logprobs":"x"})", R"({"prompt":"a","prompt_logprobs":1,"stream":true})"}) {
+    ApiError e = comp_err(bad);
+    EXPECT_EQ(e.status, 400) << bad;
+    EXPECT_EQ(e.param, "prompt_logprobs") << bad << ": " << e.what();
+    EXPECT_NE(std::string(e.what()).find("prompt_logprobs"), std::string::npos) << e.what();
+  }
+
+  // Response: vLLM's format, copied to every choice of the prompt.
+  ResponseBuilder b(r, info, "cmpl-x", 1);
+  LogprobsEntry e;
+  e.chosen = TokenLogprob{5, -1.5f, 3};
+  e.top = {TokenLogprob{7, -0.5f, 1}, TokenLogprob{9, -1.0f, 2}};
+  ChoiceOutput o0;
+  o0.index = 0;
+  o0.out.new_token_ids = {11};
+  o0.out.finished = true;
+  o0.out.finish_reason = "length";
+  o0.out.prompt_logprobs = {std::nullopt, e};
+  ChoiceOutput o1 = o0;
+  o1.index = 1;
+  o1.out.prompt_logprobs.clear();
+  b.OnOutput(std::move(o1));
+  b.OnOutput(std::move(o0));
+  const json f = b.Final();
+  const auto text = [](int32_t id) { return SharedTokenizer().Decode(std::vector<int32_t>{id}); };
+  const json want = json::array(
+      {nullptr, json{{"5", {{"logprob", -1.5}, {"rank", 3}, {"decoded_token", text(5)}}},
+                     {"7", {{"logprob", -0.5}, {"rank", 1}, {"decoded_token", text(7)}}},
+                     {"9", {{"logprob", -1.0}, {"rank", 2}, {"decoded_token", text(9)}}}}});
+  EXPECT_EQ(f["choices"][0]["prompt_logprobs"], want) << f.dump();
+  EXPECT_EQ(f["choices"][1]["prompt_logprobs"], want) << f.dump();
+
+  // Chat: accepted, and reported at the top level.
+  const std::string body = R"({"messages":[{"role":"user","content":"Hi"}],"prompt_logprobs":0})";
+  ParsedRequest c = ParseChatRequest(json::parse(body), nlohmann::ordered_json::parse(body), info);
+  EXPECT_TRUE(c.want_prompt_logprobs);
+  ResponseBuilder cb(c, info, "chatcmpl-x", 1);
+  ChoiceOutput co;
+  co.out.finished = true;
+  co.out.finish_reason = "length";
+  co.out.prompt_logprobs = {std::nullopt, e};
+  cb.OnOutput(std::move(co));
+  EXPECT_EQ(cb.Final()["prompt_logprobs"], want);
+  const std::string sbody = R"({"messages":[{"role":"user","content":"Hi"}],"prompt_logprobs":0,"stream":true})";
+  EXPECT_EQ(Catch([&] { ParseChatRequest(json::parse(sbody), nlohmann::ordered_json::parse(sbody), info); }).param,
+            "prompt_logprobs");
+}
+
 TEST(OpenAiResponse, StreamChunksAndFinalAgree) {
   const ModelInfo info = Info();
   const std::string body = R"({"messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"thinking":true},
