@@ -502,5 +502,58 @@ TEST_F(V41Golden, DebugDumpSwitchWritesGoldenLayout) {
   fs::remove_all(dir);
 }
 
+// The fast CPU kernels (weights repacked at load, the default) and the scalar
+// reference operators (V41Options::reference_kernels) give the same bits:
+// every position's logits of the longest golden prompt, whole-prompt prefill
+// (M = 300 rows per linear) and then one-token decode steps (M = 1).
+TEST_F(V41Golden, FastKernelsEqualReferenceKernels) {
+  V41Options opt;
+  opt.engram_token_map_file = kData / "engram_token_map.i32";
+  opt.reference_kernels = true;
+  auto ref_model = V41Model::Load(std::getenv("DEEPINFER_TINY_DIR"), opt);
+  const json& P = Golden()["prompts"];
+  int longest = 0;
+  for (int i = 0; i < static_cast<int>(P.size()); ++i)
+    if (PromptIds(i).size() > PromptIds(longest).size()) longest = i;
+  const std::vector<int32_t> ids = PromptIds(longest);
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const int64_t steps = 4;
+  std::vector<std::vector<float>> logits;
+  std::vector<int32_t> toks = ids;
+  for (V41Model* m : {model_, ref_model.get()}) {
+    const StateGeometry geo = m->geometry(16);
+    const int64_t blocks = geo.BlocksForTokens(n + steps);
+    DenseStateArena arena(geo, 1, blocks);
+    std::vector<int32_t> table(blocks);
+    for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(b);
+    std::vector<float> all;
+    for (int64_t step = 0; step <= steps; ++step) {
+      ForwardBatch batch;
+      ForwardSeq q;
+      q.tokens = step == 0 ? toks.data() : toks.data() + n + step - 1;
+      q.len = step == 0 ? n : 1;
+      q.start_pos = step == 0 ? 0 : n + step - 1;
+      q.state = arena.View(0, table.data(), blocks);
+      q.logits = ForwardSeq::Logits::kAll;
+      batch.seqs.push_back(q);
+      ForwardOutput out;
+      m->Forward(batch, &out);
+      ASSERT_EQ(static_cast<int64_t>(out.logits.size()), q.len * out.vocab);
+      all.insert(all.end(), out.logits.begin(), out.logits.end());
+      // Greedy next tokens come from the fast model's run; the reference run reuses them.
+      if (m == model_) {
+        const float* last = out.logits.data() + (q.len - 1) * out.vocab;
+        toks.push_back(static_cast<int32_t>(std::max_element(last, last + out.vocab) - last));
+      }
+    }
+    logits.push_back(std::move(all));
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  int64_t differ = 0;
+  for (size_t i = 0; i < logits[0].size(); ++i)
+    differ += std::memcmp(&logits[0][i], &logits[1][i], 4) != 0;
+  EXPECT_EQ(differ, 0) << "of " << logits[0].size() << " logits";
+}
+
 }  // namespace
 }  // namespace deepinfer::v41

@@ -26,17 +26,65 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
 #include "format/numerics.h"
+#include "base/region_timer.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/ref/ref_math.h"
 #include "kernels/ref/ref_ops.h"
 #include "model/v41/engram.h"
 #include "model/v41/weights.h"
 
 namespace deepinfer::v41 {
+
+namespace {
+
+// Linears and the vectorised non-GEMM ops: the fast CPU kernel when the weight
+// was repacked at load (bit-identical, kernels/cpu/cpu_ops.h), else the
+// scalar reference operator.
+void Linear(const float* x, int64_t M, const Fp8Linear& w, int ab, float* y) {
+  if (w.packed) cpu::LinearFp8(x, M, *w.packed, ab, y);
+  else ref::LinearFp8(x, M, w.w, ab, y);
+}
+void Linear(const float* x, int64_t M, const Fp4Linear& w, int ab, float* y) {
+  if (w.packed) cpu::LinearFp4(x, M, *w.packed, ab, y);
+  else ref::LinearFp4(x, M, w.w, ab, y);
+}
+void LinearBf16(const float* x, int64_t M, const Bf16Tensor& w, float* y) {
+  if (w.packed) cpu::LinearBf16(x, M, *w.packed, y);
+  else ref::LinearBf16(x, M, w.weight(), y);
+}
+void LinearF32Bf16W(const float* x, int64_t M, const Bf16Tensor& w, float* y) {
+  if (w.packed) cpu::LinearF32Bf16W(x, M, *w.packed, y);
+  else ref::LinearF32Bf16W(x, M, w.weight(), y);
+}
+void GroupedLinearBf16(const float* o, int64_t M, int groups, const Bf16Tensor& wa, float* z) {
+  if (wa.packed) cpu::GroupedLinearBf16(o, M, groups, *wa.packed, z);
+  else ref::GroupedLinearBf16(o, M, groups, wa.weight(), z);
+}
+void HcMixes(const float* X, int64_t M, int hc, int64_t d, const F32Tensor& fn, const float* base,
+             const float* scale, float norm_eps, int sinkhorn_iters, float hc_eps, const int32_t* sig_vec,
+             float* pre, float* post, float* comb) {
+  if (fn.packed)
+    cpu::HcMixes(X, M, hc, d, *fn.packed, base, scale, norm_eps, sinkhorn_iters, hc_eps, sig_vec, pre, post, comb);
+  else
+    ref::HcMixes(X, M, hc, d, fn.data(), base, scale, norm_eps, sinkhorn_iters, hc_eps, sig_vec, pre, post, comb);
+}
+void Router(const float* x, int64_t M, const Bf16Tensor& gate, const float* const* bias, int topk, float gate_temp,
+            bool norm_topk_prob, float route_scale, const int32_t* softplus_vec, int32_t* indices, float* weights) {
+  if (gate.packed)
+    cpu::Router(x, M, *gate.packed, bias, topk, gate_temp, norm_topk_prob, route_scale, softplus_vec, indices,
+                weights);
+  else
+    ref::Router(x, M, gate.weight(), bias, topk, gate_temp, norm_topk_prob, route_scale, softplus_vec, indices,
+                weights);
+}
+
+}  // namespace
 
 struct Tables {
   ref::RopeTable rope_swa;       // ratio 0: rope_theta, no YaRN
@@ -71,6 +119,7 @@ std::unique_ptr<V41Model> V41Model::Load(const std::filesystem::path& model_dir,
            model_dir.string(), l, c.compress_ratios[l]);
   m->store_ = TensorStore::Open(model_dir);
   m->w_ = ModelWeights::Bind(*m->store_, c);
+  if (!options.reference_kernels) m->w_->PackForCpu();
   if (!c.engram_layer_ids.empty()) {
     std::vector<int32_t> map = options.engram_token_map;
     if (map.empty()) {
@@ -290,6 +339,7 @@ void ForwardPass::Run() {
   }
 
   // Embedding, four identical streams, one-hot `pre` (model-spec §3.3.1).
+  std::optional<RegionScope> embed_scope(std::in_place, Region::kEmbed);
   X_.assign(static_cast<size_t>(R_ * hc * d), 0.0f);
   for (int64_t r = 0; r < R_; ++r) {
     const int s = row_seq_[r];
@@ -301,6 +351,7 @@ void ForwardPass::Run() {
   pre_in_.assign(static_cast<size_t>(R_ * hc), 0.0f);
   for (int64_t r = 0; r < R_; ++r) pre_in_[r * hc] = 1.0f;
 
+  embed_scope.reset();
   sel_.assign(c_.n_layers, {});
   for (int l = 0; l < c_.n_layers; ++l) {
     if (w_.layers[l].has_engram) Engram(l);
@@ -332,6 +383,7 @@ void ForwardPass::Run() {
 // ------------------------------------------------------------------ Engram
 
 void ForwardPass::Engram(int l) {
+  RegionScope region(Region::kEmbed);
   const EngramWeights& G = w_.layers[l].engram;
   const EngramHasher& eh = *m_.engram_;
   const int hc = c_.hc_mult;
@@ -350,7 +402,7 @@ void ForwardPass::Engram(int l) {
             RoundBf16(E4M3ToFloat(G.table[row * hd + i]) * E8M0ToFloat(G.table_scale[row * (hd / 32) + i / 32]));
     }
   std::vector<float> kv(static_cast<size_t>(R_ * (hc + 1) * d));
-  ref::LinearFp8(e.data(), R_, G.wkv, c_.act_block_size, kv.data());
+  Linear(e.data(), R_, G.wkv, c_.act_block_size, kv.data());
   const float eps = c_.norm_eps;
   const float inv_sqrt_dim = static_cast<float>(std::pow(static_cast<double>(d), -0.5));
 #pragma omp parallel if(R_ * hc * d > (int64_t{1} << 16))
@@ -393,23 +445,40 @@ void ForwardPass::Block(int l) {
   std::vector<float> pre_f(n * hc), post_f(n * hc), comb_f(n * hc * hc);
   std::vector<float> x(n * d), v(n * d), X2(X_.size());
   // Single-pass mHC (model-spec §3.3.3): each site's `pre` is used by the next site.
-  ref::HcMixes(X_.data(), n, hc, d, L.hc_attn_fn.data(), L.hc_attn_base.data(), L.hc_attn_scale.data(),
-               c_.norm_eps, c_.hc_sinkhorn_iters, c_.hc_eps, sig_vec_.data(), pre_a.data(), post_a.data(),
-               comb_a.data());
-  ref::HcCollapse(X_.data(), pre_in_.data(), n, hc, d, x.data());
-  ref::RmsNorm(x.data(), n, d, L.attn_norm.data, c_.norm_eps, x.data());
+  {
+    RegionScope region(Region::kMhc);
+    HcMixes(X_.data(), n, hc, d, L.hc_attn_fn, L.hc_attn_base.data(), L.hc_attn_scale.data(), c_.norm_eps,
+            c_.hc_sinkhorn_iters, c_.hc_eps, sig_vec_.data(), pre_a.data(), post_a.data(), comb_a.data());
+    ref::HcCollapse(X_.data(), pre_in_.data(), n, hc, d, x.data());
+  }
+  {
+    RegionScope region(Region::kNorm);
+    ref::RmsNorm(x.data(), n, d, L.attn_norm.data, c_.norm_eps, x.data());
+  }
   Attention(l, x.data(), v.data());
-  ref::HcExpand(v.data(), X_.data(), post_a.data(), comb_a.data(), n, hc, d, X2.data());
+  {
+    RegionScope region(Region::kMhc);
+    ref::HcExpand(v.data(), X_.data(), post_a.data(), comb_a.data(), n, hc, d, X2.data());
+  }
   if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size())) {
     const SeqInfo& q = seq_[m_.debug_seq_];
     m_.debug_->ffn_in_streams[l].assign(X2.begin() + q.row0 * hc * d, X2.begin() + (q.row0 + q.T) * hc * d);
   }
-  ref::HcMixes(X2.data(), n, hc, d, L.hc_ffn_fn.data(), L.hc_ffn_base.data(), L.hc_ffn_scale.data(), c_.norm_eps,
-               c_.hc_sinkhorn_iters, c_.hc_eps, sig_vec_.data(), pre_f.data(), post_f.data(), comb_f.data());
-  ref::HcCollapse(X2.data(), pre_a.data(), n, hc, d, x.data());
-  ref::RmsNorm(x.data(), n, d, L.ffn_norm.data, c_.norm_eps, x.data());
+  {
+    RegionScope region(Region::kMhc);
+    HcMixes(X2.data(), n, hc, d, L.hc_ffn_fn, L.hc_ffn_base.data(), L.hc_ffn_scale.data(), c_.norm_eps,
+            c_.hc_sinkhorn_iters, c_.hc_eps, sig_vec_.data(), pre_f.data(), post_f.data(), comb_f.data());
+    ref::HcCollapse(X2.data(), pre_a.data(), n, hc, d, x.data());
+  }
+  {
+    RegionScope region(Region::kNorm);
+    ref::RmsNorm(x.data(), n, d, L.ffn_norm.data, c_.norm_eps, x.data());
+  }
   Moe(l, x.data(), v.data());
-  ref::HcExpand(v.data(), X2.data(), post_f.data(), comb_f.data(), n, hc, d, X_.data());
+  {
+    RegionScope region(Region::kMhc);
+    ref::HcExpand(v.data(), X2.data(), post_f.data(), comb_f.data(), n, hc, d, X_.data());
+  }
   pre_in_ = pre_f;
   if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size())) {
     const SeqInfo& q = seq_[m_.debug_seq_];
@@ -421,6 +490,7 @@ void ForwardPass::Block(int l) {
 // ------------------------------------------------------------------ attention
 
 void ForwardPass::Attention(int l, const float* x, float* v) {
+  RegionScope region(Region::kAttention);
   const LayerSchedule& sch = c_.layers[l];
   const AttentionWeights& A = w_.layers[l].attn;
   const int64_t n = R_, H = c_.n_heads, D = c_.head_dim, rd = c_.rope_head_dim, qr_dim = c_.q_lora_rank;
@@ -431,13 +501,14 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
 
   // Query: c_q = q_norm(wq_a(x)); q = wq_b(c_q), RoPE on each head's last rd dims.
   std::vector<float> qr(n * qr_dim), q(n * H * D);
-  ref::LinearFp8(x, n, A.wq_a, ab, qr.data());
+  Linear(x, n, A.wq_a, ab, qr.data());
   ref::RmsNorm(qr.data(), n, qr_dim, A.q_norm.data, c_.norm_eps, qr.data());
-  ref::LinearFp8(qr.data(), n, A.wq_b, ab, q.data());
+  Linear(qr.data(), n, A.wq_b, ab, q.data());
   // Window K (= V): kv_norm(wkv(x)), RoPE, FP8 QDQ over all D dims in blocks of 32.
   std::vector<float> kv(n * D);
-  ref::LinearFp8(x, n, A.wkv, ab, kv.data());
+  Linear(x, n, A.wkv, ab, kv.data());
   ref::RmsNorm(kv.data(), n, D, A.kv_norm.data, c_.norm_eps, kv.data());
+  std::optional<RegionScope> core(std::in_place, Region::kAttnCore);
 #pragma omp parallel for schedule(static) if(n * (H + 1) * D > (int64_t{1} << 16))
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t h = 0; h < H; ++h) rope.Apply(q.data() + (r * H + h) * D + D - rd, row_pos_[r], false);
@@ -447,6 +518,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   std::vector<uint16_t> kvb(n * D);
   for (int64_t i = 0; i < n * D; ++i) kvb[i] = FloatToBf16(kv[i]);
 
+  core.reset();
   // Compressed branch: KV sources publish new entries; index sources select.
   const int S = static_cast<int>(seq_.size());
   if (ratio > 0) {
@@ -461,6 +533,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   }
 
   // Sparse attention with sink over window + selected compressed positions.
+  core.emplace(Region::kAttnCore);
   std::vector<float> o(n * H * D);
   const float scale = static_cast<float>(std::pow(static_cast<double>(D), -0.5));
 #pragma omp parallel if(n > 4)
@@ -505,7 +578,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
         list_len = W + K;
       }
       float* orow = o.data() + r * H * D;
-      ref::SparseAttention(q.data() + r * H * D, static_cast<int>(H), D, rows.data(), slots.data(),
+      (A.wq_a.packed ? cpu::SparseAttention : ref::SparseAttention)(q.data() + r * H * D, static_cast<int>(H), D, rows.data(), slots.data(),
                            static_cast<int>(rows.size()), static_cast<int32_t>(list_len), A.attn_sink.data(),
                            scale, orow);
       for (int64_t h = 0; h < H; ++h) rope.Apply(orow + h * D + D - rd, p, true);
@@ -517,13 +590,15 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
     for (int64_t i = std::max<int64_t>(0, qi.T - win); i < qi.T; ++i)
       std::memcpy(Row(s, StateKind::kWindow, l, (qi.start + i) % win), kvb.data() + (qi.row0 + i) * D, D * 2);
   }
+  core.reset();
   // Grouped BF16 wo_a, then FP8 wo_b.
   std::vector<float> z(n * c_.o_groups * c_.o_lora_rank);
-  ref::GroupedLinearBf16(o.data(), n, c_.o_groups, A.wo_a.weight(), z.data());
-  ref::LinearFp8(z.data(), n, A.wo_b, ab, v);
+  GroupedLinearBf16(o.data(), n, c_.o_groups, A.wo_a, z.data());
+  Linear(z.data(), n, A.wo_b, ab, v);
 }
 
 void ForwardPass::Compressor(int l, int s, const float* x) {
+  RegionScope region(Region::kCompressor);
   const LayerSchedule& sch = c_.layers[l];
   const AttentionWeights& A = w_.layers[l].attn;
   const SeqInfo& qi = seq_[s];
@@ -536,15 +611,15 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
   std::vector<float> lat;
   if (r == 1) {
     lat.resize(qi.T * D);
-    ref::LinearBf16(xs, qi.T, A.compressor_wkv.weight(), lat.data());
+    LinearBf16(xs, qi.T, A.compressor_wkv, lat.data());
     ref::RmsNorm(lat.data(), qi.T, D, A.compressor_norm.data, c_.norm_eps, lat.data());
     for (int64_t i = 0; i < qi.T; ++i) js.push_back(qi.start + i);
   } else {
     // FP32 projections a = x·wkvᵀ, g = x·wgateᵀ; softmax over the r tokens of
     // a group per channel, weighted sum, BF16, RMSNorm (Compressor.forward).
     std::vector<float> a(qi.T * D), g(qi.T * D);
-    ref::LinearF32Bf16W(xs, qi.T, A.compressor_wkv.weight(), a.data());
-    ref::LinearF32Bf16W(xs, qi.T, A.compressor_wgate.weight(), g.data());
+    LinearF32Bf16W(xs, qi.T, A.compressor_wkv, a.data());
+    LinearF32Bf16W(xs, qi.T, A.compressor_wgate, g.data());
     std::vector<const float*> ga(r), gg(r);
     std::vector<float> carry(static_cast<size_t>((r - 1) * 2 * D));
     for (int i = 0; i < r - 1; ++i)
@@ -594,7 +669,7 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
   const int64_t nj = static_cast<int64_t>(js.size());
   // Index keys from the pre-RoPE latent: k_norm(wk(ℓ)), RoPE at r·j, FP4 QDQ (UE8M0, 32).
   std::vector<float> k(nj * ID);
-  ref::LinearBf16(lat.data(), nj, A.indexer_wk.weight(), k.data());
+  LinearBf16(lat.data(), nj, A.indexer_wk, k.data());
   ref::RmsNorm(k.data(), nj, ID, A.indexer_k_norm.data, c_.norm_eps, k.data());
   for (int64_t i = 0; i < nj; ++i) {
     const int64_t pos = js[i] * r;
@@ -619,6 +694,7 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
 }
 
 void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
+  RegionScope region(Region::kIndexer);
   const LayerSchedule& sch = c_.layers[l];
   const AttentionWeights& A = w_.layers[l].attn;
   const SeqInfo& qi = seq_[s];
@@ -630,14 +706,14 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
   const int64_t T = qi.T;
   // Query heads: FP8 wq_b(c_q), RoPE on each head's last rd dims, FP4 QDQ (UE8M0, 32).
   std::vector<float> qI(T * nh * ID);
-  ref::LinearFp8(qr + qi.row0 * c_.q_lora_rank, T, A.indexer_wq_b, c_.act_block_size, qI.data());
+  Linear(qr + qi.row0 * c_.q_lora_rank, T, A.indexer_wq_b, c_.act_block_size, qI.data());
   for (int64_t i = 0; i < T; ++i) {
     for (int64_t h = 0; h < nh; ++h) rope.Apply(qI.data() + (i * nh + h) * ID + ID - rd, qi.start + i, false);
     Fp4QdqUe8m0InPlace(qI.data() + i * nh * ID, nh * ID, 32);
   }
   // Head weights: BF16 weights_proj(x) × (index_head_dim^-½ · n_heads^-½), BF16.
   std::vector<float> wts(T * nh);
-  ref::LinearBf16(x + qi.row0 * d, T, A.indexer_weights_proj.weight(), wts.data());
+  LinearBf16(x + qi.row0 * d, T, A.indexer_weights_proj, wts.data());
   const float wscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5) *
                                           std::pow(static_cast<double>(nh), -0.5));
   for (auto& v : wts) v = RoundBf16(v * wscale);
@@ -736,6 +812,7 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
 // ------------------------------------------------------------------ MoE
 
 void ForwardPass::Moe(int l, const float* x, float* v) {
+  RegionScope region(Region::kMoe);
   const MoeWeights& F = w_.layers[l].ffn;
   const int64_t n = R_, d = c_.dim, I = c_.moe_inter_dim;
   const int k = c_.n_activated_experts;
@@ -745,20 +822,22 @@ void ForwardPass::Moe(int l, const float* x, float* v) {
   std::vector<int32_t> idx(n * k);
   std::vector<float> wts(n * k);
   std::vector<const float*> bias(n, F.bias.data());  // text tokens: `bias` (bias_vl is for image spans)
-  ref::Router(x, n, F.gate.weight(), bias.data(), k, c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
+  std::optional<RegionScope> router(std::in_place, Region::kRouter);
+  Router(x, n, F.gate, bias.data(), k, c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
               soft_vec_.data(), idx.data(), wts.data());
+  router.reset();
   // Routed experts in increasing expert id, FP32 combine (MoE.forward).
   std::vector<float> y(n * d, 0.0f);
-  auto swiglu = [&](const float* xin, int64_t m, const ref::Fp4Weight* w1, const ref::Fp4Weight* w3,
-                    const ref::Fp4Weight* w2, const ref::Fp8Weight* s1, const ref::Fp8Weight* s3,
-                    const ref::Fp8Weight* s2, const float* rw, float* out) {
+  auto swiglu = [&](const float* xin, int64_t m, const Fp4Linear* w1, const Fp4Linear* w3,
+                    const Fp4Linear* w2, const Fp8Linear* s1, const Fp8Linear* s3,
+                    const Fp8Linear* s2, const float* rw, float* out) {
     std::vector<float> gt(m * I), up(m * I);
     if (w1) {
-      ref::LinearFp4(xin, m, *w1, ab, gt.data());
-      ref::LinearFp4(xin, m, *w3, ab, up.data());
+      Linear(xin, m, *w1, ab, gt.data());
+      Linear(xin, m, *w3, ab, up.data());
     } else {
-      ref::LinearFp8(xin, m, *s1, ab, gt.data());
-      ref::LinearFp8(xin, m, *s3, ab, up.data());
+      Linear(xin, m, *s1, ab, gt.data());
+      Linear(xin, m, *s3, ab, up.data());
     }
     for (int64_t i = 0; i < m * I; ++i) {
       float u = up[i], g = gt[i];
@@ -770,8 +849,8 @@ void ForwardPass::Moe(int l, const float* x, float* v) {
       if (rw) a = rw[i / I] * a;
       gt[i] = RoundBf16(a);
     }
-    if (w2) ref::LinearFp4(gt.data(), m, *w2, ab, out);
-    else ref::LinearFp8(gt.data(), m, *s2, ab, out);
+    if (w2) Linear(gt.data(), m, *w2, ab, out);
+    else Linear(gt.data(), m, *s2, ab, out);
   };
   for (int e = 0; e < E; ++e) {
     std::vector<int64_t> rows;
@@ -801,6 +880,7 @@ void ForwardPass::Moe(int l, const float* x, float* v) {
 // ------------------------------------------------------------------ head
 
 void ForwardPass::Head() {
+  RegionScope region(Region::kHead);
   const int hc = c_.hc_mult;
   const int64_t d = c_.dim, V = c_.vocab_size;
   std::vector<int64_t> rows;
@@ -828,7 +908,7 @@ void ForwardPass::Head() {
   }
   ref::HcCollapse(Xs.data(), pre.data(), m, hc, d, y.data());
   ref::RmsNorm(y.data(), m, d, w_.norm.data, c_.norm_eps, y.data());
-  ref::LinearF32Bf16W(y.data(), m, w_.head.weight(), out_->logits.data());
+  LinearF32Bf16W(y.data(), m, w_.head, out_->logits.data());
 }
 
 // ------------------------------------------------------------------ debug dump

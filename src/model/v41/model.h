@@ -56,6 +56,12 @@ struct V41Options {
   // (WriteDebugDump). The environment variable DEEPINFER_DEBUG_DUMP=DIR does
   // the same when this is empty.
   std::filesystem::path debug_dump_dir;
+  // false (default): weights are repacked at load and the linears, router,
+  // mHC mixes and sparse attention run the fast CPU kernels
+  // (kernels/cpu/cpu_ops.h), which are bit-identical to the scalar reference
+  // operators. true: the scalar reference operators only (the test oracle;
+  // no extra memory, no load-time repacking).
+  bool reference_kernels = false;
 };
 
 // One sequence's chunk in a Forward call.

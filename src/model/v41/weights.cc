@@ -31,7 +31,9 @@ class Binder {
     return t;
   }
 
-  ref::Fp8Weight Fp8(const std::string& prefix, int64_t out, int64_t in) const {
+  Fp8Linear Fp8(const std::string& prefix, int64_t out, int64_t in) const { return {Fp8View(prefix, out, in), {}}; }
+
+  ref::Fp8Weight Fp8View(const std::string& prefix, int64_t out, int64_t in) const {
     const int64_t B = cfg_.weight_block_size;
     const TensorView& w = Expect(prefix + ".weight", DType::kF8E4M3, {out, in});
     const TensorView& s = Expect(prefix + ".scale", DType::kF8E8M0, {(out + B - 1) / B, (in + B - 1) / B});
@@ -41,10 +43,10 @@ class Binder {
     return {w.data, s.data, out, in, static_cast<int>(B)};
   }
 
-  ref::Fp4Weight Fp4(const std::string& prefix, int64_t out, int64_t in) const {
+  Fp4Linear Fp4(const std::string& prefix, int64_t out, int64_t in) const {
     const TensorView& w = Expect(prefix + ".weight", DType::kI8, {out, in / 2});
     const TensorView& s = Expect(prefix + ".scale", DType::kF8E8M0, {out, in / 32});
-    return {w.data, s.data, out, in};
+    return {ref::Fp4Weight{w.data, s.data, out, in}, {}};
   }
 
   Bf16Tensor Bf16(const std::string& name, int64_t rows, int64_t cols /* -1: vector */) const {
@@ -73,7 +75,7 @@ class Binder {
 
   // wo_a: E4M3 × block scale → BF16 (convert.py semantics).
   Bf16Tensor DequantBf16(const std::string& prefix, int64_t out, int64_t in) const {
-    ref::Fp8Weight q = Fp8(prefix, out, in);
+    ref::Fp8Weight q = Fp8View(prefix, out, in);
     Bf16Tensor r;
     r.rows = out;
     r.cols = in;
@@ -181,6 +183,60 @@ std::unique_ptr<ModelWeights> ModelWeights::Bind(const TensorStore& store, const
     }
   }
   return w;
+}
+
+size_t ModelWeights::PackForCpu() {
+  size_t bytes = 0;
+  auto fp8 = [&](Fp8Linear& l) {
+    l.packed = std::make_unique<cpu::PackedFp8>(cpu::PackFp8(l.w));
+    bytes += l.packed->bytes();
+  };
+  auto fp4 = [&](Fp4Linear& l) {
+    l.packed = std::make_unique<cpu::PackedFp4>(cpu::PackFp4(l.w));
+    bytes += l.packed->bytes();
+  };
+  auto bf16 = [&](Bf16Tensor& t) {
+    if (t.data == nullptr) return;
+    t.packed = std::make_unique<cpu::PackedBf16>(cpu::PackBf16(t.weight()));
+    bytes += t.packed->bytes();
+  };
+  auto f32 = [&](F32Tensor& t, int64_t out, int64_t in) {
+    t.packed = std::make_unique<cpu::PackedF32>(cpu::PackF32(t.data(), out, in));
+    bytes += t.packed->bytes();
+  };
+  bf16(head);
+  for (LayerWeights& L : layers) {
+    const int64_t mix = static_cast<int64_t>(L.hc_attn_base.v.size());
+    f32(L.hc_attn_fn, mix, static_cast<int64_t>(L.hc_attn_fn.v.size()) / mix);
+    f32(L.hc_ffn_fn, mix, static_cast<int64_t>(L.hc_ffn_fn.v.size()) / mix);
+    AttentionWeights& A = L.attn;
+    fp8(A.wq_a);
+    fp8(A.wq_b);
+    fp8(A.wkv);
+    fp8(A.wo_b);
+    bf16(A.wo_a);
+    if (A.has_compressor) {
+      bf16(A.compressor_wkv);
+      bf16(A.compressor_wgate);
+      bf16(A.indexer_wk);
+    }
+    if (A.has_indexer_query) {
+      fp8(A.indexer_wq_b);
+      bf16(A.indexer_weights_proj);
+    }
+    MoeWeights& F = L.ffn;
+    bf16(F.gate);
+    for (ExpertWeights& e : F.experts) {
+      fp4(e.w1);
+      fp4(e.w3);
+      fp4(e.w2);
+    }
+    fp8(F.shared_w1);
+    fp8(F.shared_w3);
+    fp8(F.shared_w2);
+    if (L.has_engram) fp8(L.engram.wkv);
+  }
+  return bytes;
 }
 
 }  // namespace deepinfer::v41

@@ -9,6 +9,10 @@
 //   * BF16 tensors are used in place when 2-byte aligned, else copied;
 //   * Engram `q_weight ⊙ k_weight` is formed in FP32 (the reference only uses
 //     the product).
+// Load-time repacking (PackForCpu, done unless V41Options::reference_kernels):
+// every linear weight, the router gate and the mHC `hc_*_fn` also get the
+// layout the fast kernels read (kernels/cpu/cpu_ops.h, bit-identical to the
+// reference ops); `packed` is null when the reference kernels are used.
 // Binding validates every dtype and shape against the config and throws
 // Error(kCorruptData) naming the tensor, expected and found; a missing tensor
 // throws Error(kNotFound). Tensors the V4.1 text forward does not use (DSpark
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "format/safetensors.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/ref/ref_ops.h"
 #include "model/config.h"
 
@@ -31,16 +36,30 @@ struct Bf16Tensor {
   const uint16_t* data = nullptr;
   int64_t rows = 0, cols = 0;  // a vector has rows == 1
   std::vector<uint16_t> own;
+  std::unique_ptr<cpu::PackedBf16> packed;  // matrices used as linears, after PackForCpu
   ref::Bf16Weight weight() const { return {data, rows, cols}; }
 };
 
 struct F32Tensor {
   std::vector<float> v;
+  std::unique_ptr<cpu::PackedF32> packed;  // mHC `hc_*_fn` [mix, hc·dim], after PackForCpu
   const float* data() const { return v.data(); }
 };
 
+// FP8 E4M3 linear [out, in] with UE8M0 block scales: the checkpoint view and
+// its repacked form.
+struct Fp8Linear {
+  ref::Fp8Weight w;
+  std::unique_ptr<cpu::PackedFp8> packed;
+};
+// FP4 E2M1 routed-expert linear [out, in] (UE8M0 per row and 32 columns).
+struct Fp4Linear {
+  ref::Fp4Weight w;
+  std::unique_ptr<cpu::PackedFp4> packed;
+};
+
 struct AttentionWeights {
-  ref::Fp8Weight wq_a, wq_b, wkv, wo_b;
+  Fp8Linear wq_a, wq_b, wkv, wo_b;
   Bf16Tensor q_norm, kv_norm;
   Bf16Tensor wo_a;  // BF16 [n_groups·o_lora_rank, n_heads·head_dim / n_groups]
   F32Tensor attn_sink;
@@ -50,26 +69,26 @@ struct AttentionWeights {
   Bf16Tensor indexer_wk, indexer_k_norm;
   // Index sources.
   bool has_indexer_query = false;
-  ref::Fp8Weight indexer_wq_b;
+  Fp8Linear indexer_wq_b;
   Bf16Tensor indexer_weights_proj;
 };
 
 struct ExpertWeights {
-  ref::Fp4Weight w1, w2, w3;
+  Fp4Linear w1, w2, w3;
 };
 
 struct MoeWeights {
   Bf16Tensor gate;  // [n_routed_experts, dim]
   F32Tensor bias, bias_vl;
   std::vector<ExpertWeights> experts;
-  ref::Fp8Weight shared_w1, shared_w2, shared_w3;
+  Fp8Linear shared_w1, shared_w2, shared_w3;
 };
 
 struct EngramWeights {
   const uint8_t* table = nullptr;        // E4M3 [rows, head_dim]
   const uint8_t* table_scale = nullptr;  // E8M0 [rows, head_dim / 32]
   int64_t rows = 0;
-  ref::Fp8Weight wkv;                    // [(hc+1)·dim, (N−1)·heads·head_dim]
+  Fp8Linear wkv;                         // [(hc+1)·dim, (N−1)·heads·head_dim]
   F32Tensor qk;                          // FP32 q_weight ⊙ k_weight [hc, dim]
 };
 
@@ -91,6 +110,12 @@ struct ModelWeights {
 
   // Binds every tensor the V4.1 text forward uses. `store` must outlive the result.
   static std::unique_ptr<ModelWeights> Bind(const TensorStore& store, const ModelConfig& cfg);
+
+  // Repacks every weight the fast CPU kernels read (sets the `packed`
+  // members). Adds about the checkpoint's size in resident memory (the
+  // mapped pages stay mapped; they are clean and the kernel may drop them).
+  // Runs in parallel over layers; returns the bytes allocated.
+  size_t PackForCpu();
 };
 
 }  // namespace deepinfer::v41
