@@ -359,6 +359,26 @@ void RunKernels(const KernelArgs& args) {
       gemv.push_back(TimeGemv(r, 1, triad));
     }
   }
+  // In-cache ceilings: the same small matrix (fits L2) called over and over,
+  // so the kernels' arithmetic alone sets the rate (kernel "fast-in-cache");
+  // when it is close to the DRAM rate above, the GEMV is compute-bound.
+  {
+    const int64_t N = 256, K = 2048;
+    std::vector<uint8_t> w8, s8, w4, s4;
+    bench::QuantizedFp8(N, K, 21, &w8, &s8);
+    bench::QuantizedFp4(N, K, 22, &w4, &s4);
+    const std::vector<float> x = bench::Acts(K, 23);
+    auto p8 = std::make_shared<cpu::PackedFp8>(cpu::PackFp8({w8.data(), s8.data(), N, K, 32}));
+    auto p4 = std::make_shared<cpu::PackedFp4>(cpu::PackFp4({w4.data(), s4.data(), N, K}));
+    GemvCase c8{fmt::format("fp8 in-cache {}x{}", N, K), "fp8", "fast-in-cache", N, K,
+                static_cast<int64_t>(p8->bytes()), 400,
+                [p8, x, &y](int) { cpu::LinearFp8(x.data(), 1, *p8, 32, y.data()); }};
+    gemv.push_back(TimeGemv(c8, args.reps, triad));
+    GemvCase c4{fmt::format("fp4 in-cache {}x{}", N, K), "fp4", "fast-in-cache", N, K,
+                static_cast<int64_t>(p4->bytes()), 400,
+                [p4, x, &y](int) { cpu::LinearFp4(x.data(), 1, *p4, 32, y.data()); }};
+    gemv.push_back(TimeGemv(c4, args.reps, triad));
+  }
   struct Fp4Shape { const char* name; int64_t out, in; };
   const std::vector<Fp4Shape> fp4_shapes =
       args.quick ? std::vector<Fp4Shape>{{"fp4 expert_w1 2304x5120", 2304, 5120}}

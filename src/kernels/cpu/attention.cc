@@ -136,7 +136,9 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
       dots(static_cast<size_t>(n) * Hp);
   for (int h = 0; h < H; ++h)
     for (int64_t d = 0; d < D; ++d) qt[d * Hp + h] = q[h * D + d];
-  const bool par = static_cast<int64_t>(n) * D * H >= (int64_t{1} << 16);
+  // Heads in parallel only when the call is large (a long decode list): a
+  // fork/join costs tens of microseconds, more than a short list's work.
+  const bool par = static_cast<int64_t>(n) * D * H >= (int64_t{1} << 21);
 #pragma omp parallel if (par)
   {
 #pragma omp for schedule(static)

@@ -536,7 +536,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   core.emplace(Region::kAttnCore);
   std::vector<float> o(n * H * D);
   const float scale = static_cast<float>(std::pow(static_cast<double>(D), -0.5));
-#pragma omp parallel if(n > 4)
+#pragma omp parallel if(n > 1)
   {
     std::vector<const uint16_t*> rows;
     std::vector<int32_t> slots;
@@ -852,20 +852,35 @@ void ForwardPass::Moe(int l, const float* x, float* v) {
     if (w2) Linear(gt.data(), m, *w2, ab, out);
     else Linear(gt.data(), m, *s2, ab, out);
   };
-  for (int e = 0; e < E; ++e) {
-    std::vector<int64_t> rows;
-    std::vector<float> rw;
-    for (int64_t r = 0; r < n; ++r)
-      for (int t = 0; t < k; ++t)
-        if (idx[r * k + t] == e) { rows.push_back(r); rw.push_back(wts[r * k + t]); }
-    if (rows.empty()) continue;
-    const int64_t m = static_cast<int64_t>(rows.size());
-    std::vector<float> xin(m * d), out(m * d);
-    for (int64_t i = 0; i < m; ++i) std::memcpy(xin.data() + i * d, x + rows[i] * d, d * sizeof(float));
+  // Rows per expert (in row order), then the experts' SwiGLUs in parallel
+  // (each on one thread; the kernels inside run on that thread), then the
+  // combine in increasing expert id, as the reference sums.
+  std::vector<std::vector<int64_t>> rows(E);
+  std::vector<std::vector<float>> rws(E);
+  for (int64_t r = 0; r < n; ++r)
+    for (int t = 0; t < k; ++t) {
+      const int e = idx[r * k + t];
+      rows[e].push_back(r);
+      rws[e].push_back(wts[r * k + t]);
+    }
+  std::vector<int> active;
+  for (int e = 0; e < E; ++e)
+    if (!rows[e].empty()) active.push_back(e);
+  std::vector<std::vector<float>> outs(E);
+#pragma omp parallel for schedule(dynamic, 1) if(active.size() > 1)
+  for (size_t a = 0; a < active.size(); ++a) {
+    const int e = active[a];
+    const int64_t m = static_cast<int64_t>(rows[e].size());
+    std::vector<float> xin(m * d);
+    outs[e].resize(m * d);
+    for (int64_t i = 0; i < m; ++i) std::memcpy(xin.data() + i * d, x + rows[e][i] * d, d * sizeof(float));
     const ExpertWeights& ew = F.experts[e];
-    swiglu(xin.data(), m, &ew.w1, &ew.w3, &ew.w2, nullptr, nullptr, nullptr, rw.data(), out.data());
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t c = 0; c < d; ++c) y[rows[i] * d + c] += out[i * d + c];
+    swiglu(xin.data(), m, &ew.w1, &ew.w3, &ew.w2, nullptr, nullptr, nullptr, rws[e].data(), outs[e].data());
+  }
+  for (const int e : active) {
+    const std::vector<float>& out = outs[e];
+    for (size_t i = 0; i < rows[e].size(); ++i)
+      for (int64_t c = 0; c < d; ++c) y[rows[e][i] * d + c] += out[i * d + c];
   }
   std::vector<float> sh(n * d);
   swiglu(x, n, nullptr, nullptr, nullptr, &F.shared_w1, &F.shared_w3, &F.shared_w2, nullptr, sh.data());
