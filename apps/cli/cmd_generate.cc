@@ -21,6 +21,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -106,6 +107,17 @@ void RunGenerate(const GenerateOptions& o) {
         Fail(ErrorKind::kInvalidArgument, "invalid JSON: {}", e.what());
       }
       if (!j.is_object()) Fail(ErrorKind::kInvalidArgument, "a line must be a JSON object");
+      // A misspelt field (e.g. "max_token") would silently fall back to the
+      // default, so unknown keys are an error naming the key.
+      static const std::set<std::string> kKnown = {
+          "prompt", "messages", "prompt_token_ids", "request_id", "thinking", "temperature", "top_p", "top_k",
+          "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "seed",
+          "max_tokens", "min_tokens", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos",
+          "logprobs", "prompt_logprobs"};
+      for (const auto& [key, value] : j.items())
+        if (!kKnown.contains(key))
+          Fail(ErrorKind::kInvalidArgument, "unknown field \"{}\" (input lines take prompt | messages | prompt_token_ids, request_id, "
+               "thinking and the sampling fields of the API)", key);
       GenerateRequest req;
       if (j.contains("request_id")) {
         if (!j["request_id"].is_string()) Fail(ErrorKind::kInvalidArgument, "request_id must be a string");
