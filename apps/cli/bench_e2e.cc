@@ -110,8 +110,22 @@ json RegionsJson(double total_seconds) {
 void RunE2e(const E2eArgs& a) {
   if (a.model.empty()) Fail(ErrorKind::kInvalidArgument, "bench e2e: --model DIR is required");
   if (a.json_out.empty()) Fail(ErrorKind::kInvalidArgument, "bench e2e: --json OUT is required");
-  if (a.prompt_len < 1 || a.decode_steps < 1)
-    Fail(ErrorKind::kInvalidArgument, "bench e2e: --prompt-len and --decode-steps must be >= 1");
+  if (a.prompt_len < 1 || a.prompt_len > 65536)
+    Fail(ErrorKind::kInvalidArgument, "bench e2e: --prompt-len must be in [1, 65536], got {}", a.prompt_len);
+  if (a.decode_steps < 1 || a.decode_steps > 65536)
+    Fail(ErrorKind::kInvalidArgument, "bench e2e: --decode-steps must be in [1, 65536], got {}", a.decode_steps);
+  if (a.batches.empty()) Fail(ErrorKind::kInvalidArgument, "bench e2e: --batches needs at least one batch size");
+  for (const int B : a.batches) {
+    if (B < 1 || B > 4096) Fail(ErrorKind::kInvalidArgument, "bench e2e: --batches must be in [1, 4096], got {}", B);
+    if (static_cast<int64_t>(B) * (a.prompt_len + a.decode_steps) > (int64_t{1} << 20))
+      Fail(ErrorKind::kInvalidArgument,
+           "bench e2e: batch {} x (--prompt-len {} + --decode-steps {}) is over 2^20 tokens of state", B,
+           a.prompt_len, a.decode_steps);
+  }
+  CheckWritable(a.json_out, "--json");
+  if (!a.png_out.empty()) CheckWritable(a.png_out, "--png");
+  // The model's config before anything is measured (a wrong --model fails fast).
+  (void)ModelConfig::Load(a.model);
   if (a.threads != 0) SetNumThreads(a.threads);
   const int threads = NumThreads();
   const fs::path dir(a.model);

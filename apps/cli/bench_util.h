@@ -31,6 +31,11 @@ nlohmann::json MeasureStream(int64_t floats, int reps);
 // caller's). Returns false (with a warning) when gnuplot is not installed.
 bool RunGnuplot(const std::filesystem::path& png, const std::string& script);
 
+// Fails (Error kInvalidArgument naming `flag` and the path) unless `path` can
+// be created or appended to; called before measuring so a bad output path does
+// not cost a whole run. Leaves no file behind when it did not exist.
+void CheckWritable(const std::filesystem::path& path, const char* flag);
+
 // Writes `j` pretty-printed to `path` (throws on I/O error).
 void WriteJson(const std::filesystem::path& path, const nlohmann::json& j);
 

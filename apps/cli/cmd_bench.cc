@@ -239,6 +239,18 @@ bool RunGnuplot(const fs::path& png, const std::string& script) {
   return true;
 }
 
+void CheckWritable(const fs::path& path, const char* flag) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    Fail(ErrorKind::kInvalidArgument, "{} {}: is a directory, expected a file path", flag, path.string());
+  const bool existed = fs::exists(path, ec);
+  {
+    std::ofstream f(path, std::ios::app);
+    if (!f) Fail(ErrorKind::kInvalidArgument, "{} {}: cannot write there", flag, path.string());
+  }
+  if (!existed) fs::remove(path, ec);
+}
+
 void WriteJson(const fs::path& path, const json& j) {
   std::ofstream f(path);
   if (!f) Fail(ErrorKind::kNotFound, "cannot write {}", path.string());
@@ -295,7 +307,12 @@ json TimeGemv(GemvCase& c, int reps, double triad) {
 
 void RunKernels(const KernelArgs& args) {
   if (args.json_out.empty()) Fail(ErrorKind::kInvalidArgument, "bench kernels: --json OUT is required");
-  if (args.reps < 1) Fail(ErrorKind::kInvalidArgument, "bench kernels: --reps must be >= 1");
+  if (args.reps < 1 || args.reps > 1000)
+    Fail(ErrorKind::kInvalidArgument, "bench kernels: --reps must be in [1, 1000], got {}", args.reps);
+  for (const int64_t m : args.gemm_m)
+    if (m < 1 || m > 65536) Fail(ErrorKind::kInvalidArgument, "bench kernels: --gemm-m must be in [1, 65536], got {}", m);
+  bench::CheckWritable(args.json_out, "--json");
+  if (!args.png_out.empty()) bench::CheckWritable(args.png_out, "--png");
   if (args.threads != 0) SetNumThreads(args.threads);
   const int threads = NumThreads();
   openblas_set_num_threads(threads);

@@ -134,6 +134,8 @@ void RunGenerate(const GenerateOptions& o) {
         req.prompt = j["prompt"].get<std::string>();
       } else if (j.contains("messages")) {
         if (!tok) Fail(ErrorKind::kInvalidArgument, "messages need tokenizer.json in the model directory");
+        if (j["messages"].is_array() && j["messages"].empty())
+          Fail(ErrorKind::kInvalidArgument, "messages must not be empty");
         ChatOptions chat;
         chat.encoding = ChatEncodingForModelType(engine->model_type());
         chat.add_generation_prompt = true;

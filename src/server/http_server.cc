@@ -333,6 +333,20 @@ void HttpServer::Impl::Routes() {
   svr.Get("/version", [](const httplib::Request&, httplib::Response& res) {
     SendJson(res, 200, json{{"version", "0.1.0"}});
   });
+  // cpp-httplib 0.11 does not apply the payload limit to a chunked request
+  // body (it would read and buffer any size), so chunked uploads are refused
+  // before the body is read: 411, send Content-Length.
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const std::string te = req.get_header_value("Transfer-Encoding");
+    if (te.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    SendError(res, ApiError(411, "invalid_request_error",
+                            fmt::format("Transfer-Encoding: {} request bodies are not accepted; send the body with a "
+                                        "Content-Length header (at most {} bytes, --max-request-bytes)",
+                                        te, opts.max_request_bytes),
+                            std::nullopt, std::optional<std::string>("length_required")));
+    res.set_header("Connection", "close");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   // Statuses set by cpp-httplib itself (404 no route, 413 body too large, 400
   // unparsable request) get an OpenAI error body too.
   svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,

@@ -262,12 +262,18 @@ ParsedRequest ParseCompletionRequest(const json& body, const ModelInfo& info) {
         const json& e = (*p)[i];
         const std::string name = fmt::format("prompt[{}]", i);
         if (e.is_string()) {
+          if (!(*p)[0].is_string())
+            BadRequest(fmt::format("{}: a prompt list must be all strings or all token-id lists, not both", name),
+                       "prompt");
           const std::string s = e.get<std::string>();
           if (s.empty()) BadRequest(fmt::format("{} must not be empty", name), "prompt");
           r.prompt_texts.push_back(s);
           r.prompts.push_back(EncodeText(s, info, "prompt"));
         } else if (e.is_array()) {
           if (e.empty()) BadRequest(fmt::format("{} must not be empty", name), "prompt");
+          if (!(*p)[0].is_array())
+            BadRequest(fmt::format("{}: a prompt list must be all strings or all token-id lists, not both", name),
+                       "prompt");
           r.prompts.push_back(TokenIds(e, info, name));
           r.prompt_texts.emplace_back();
         } else {

@@ -43,4 +43,24 @@ rc=0
 "$BIN" bench e2e --model "$TMP/missing" --json "$TMP/x.json" >/dev/null 2>"$TMP/err" || rc=$?
 [ "$rc" -eq 2 ] || fail "missing model exited $rc"
 [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q '^error: ' "$TMP/err" || fail "stderr: $(cat "$TMP/err")"
+# Bad arguments fail before anything is measured (well under the STREAM pass),
+# with one error line naming the flag.
+expect_err() {  # expect_err PATTERN ARGS...
+  local pat=$1; shift
+  local rc=0
+  timeout 20 "$BIN" "$@" >/dev/null 2>"$TMP/err" || rc=$?
+  [ "$rc" -eq 2 ] || fail "$* exited $rc: $(cat "$TMP/err")"
+  [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "^error: .*$pat" "$TMP/err" || fail "$*: $(cat "$TMP/err")"
+}
+expect_err -- '--gemm-m' bench kernels --quick --json "$TMP/bad.json" --gemm-m 0
+expect_err -- '--gemm-m' bench kernels --quick --json "$TMP/bad.json" --gemm-m -5
+expect_err -- '--reps' bench kernels --quick --json "$TMP/bad.json" --reps 0
+expect_err -- '--json' bench kernels --quick --json "$TMP/no/such/dir/x.json"
+expect_err -- '--json' bench kernels --quick --json "$TMP"
+expect_err -- '--json' bench e2e --model "$TMP/missing" --json "$TMP/no/such/dir/e.json"
+expect_err -- '--prompt-len' bench e2e --model "$TMP/missing" --json "$TMP/bad.json" --prompt-len 100000000
+expect_err -- '--decode-steps' bench e2e --model "$TMP/missing" --json "$TMP/bad.json" --decode-steps 0
+expect_err -- '--batches' bench e2e --model "$TMP/missing" --json "$TMP/bad.json" --batches 100000000
+expect_err -- 'config.json' bench e2e --model "$TMP" --json "$TMP/bad.json"
+[ ! -e "$TMP/bad.json" ] || fail "a failed check left an output file"
 echo "bench.sh: ok"

@@ -24,13 +24,14 @@ cat > "$T/in.jsonl" <<'JSONL'
 JSONL
 printf '{"prompt": "bad byte \xff here"}\n' >> "$T/in.jsonl"   # invalid UTF-8: an error record, not a dead run
 echo '{"prompt": "typo", "max_token": 3}' >> "$T/in.jsonl"        # unknown field: an error naming it
+echo '{"messages": []}' >> "$T/in.jsonl"                            # empty conversation
 "$BIN" generate --model "$TINY" --prompts "$T/in.jsonl" --output "$T/out.jsonl" --max-model-len 512 \
   --max-num-seqs 4 --temperature 0 --threads 1 2> "$T/err" || fail "generate exited $?: $(cat "$T/err")"
-grep -q "^generate: 12 requests (8 errors)" "$T/err" || fail "summary line: $(cat "$T/err")"
+grep -q "^generate: 13 requests (9 errors)" "$T/err" || fail "summary line: $(cat "$T/err")"
 python3 - "$T/out.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-assert [r["index"] for r in rows] == list(range(12)), rows
+assert [r["index"] for r in rows] == list(range(13)), rows
 ok = {0, 3, 5, 9}
 for r in rows:
     if r["index"] in ok:
@@ -51,6 +52,7 @@ assert "999999" in rows[8]["error"], rows[8]
 assert rows[9]["seed"] == 7
 assert "invalid JSON" in rows[10]["error"], rows[10]
 assert 'unknown field "max_token"' in rows[11]["error"], rows[11]
+assert "messages must not be empty" in rows[12]["error"], rows[12]
 print("generate output ok")
 PY
 # The seeded request reproduces.

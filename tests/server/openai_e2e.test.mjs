@@ -275,13 +275,14 @@ test('prompt_logprobs (vLLM extension): completions and chat', async () => {
     assert.ok(last.some((v) => v.decoded_token === text && v.logprob === lp), `top token ${JSON.stringify(text)}`);
   }
   // Token-id prompt, other sampling settings, n = 2, batched with another prompt: the same values.
+  const other = (await post('/tokenize', { prompt: 'Another prompt here' })).json.tokens;
   const again = await client.completions.create({
-    model: 'tiny', prompt: [ids, 'Another prompt here'], max_tokens: 3, temperature: 0.9, seed: 3, n: 2, prompt_logprobs: 3,
+    model: 'tiny', prompt: [ids, other], max_tokens: 3, temperature: 0.9, seed: 3, n: 2, prompt_logprobs: 3,
   });
   assert.equal(again.choices.length, 4);
   assert.deepEqual(again.choices[0].prompt_logprobs, plp);
   assert.deepEqual(again.choices[1].prompt_logprobs, plp);
-  assert.equal(again.choices[2].prompt_logprobs.length, (await post('/tokenize', { prompt: 'Another prompt here' })).json.count);
+  assert.equal(again.choices[2].prompt_logprobs.length, other.length);
   assert.deepEqual(again.choices[3].prompt_logprobs, again.choices[2].prompt_logprobs);
   // Not asked: no prompt_logprobs.
   assert.equal(prefix.choices[0].prompt_logprobs, undefined);
@@ -419,6 +420,8 @@ const BAD = [
   ['prompt empty list', C, { prompt: [] }, 400, 'invalid_request_error', 'prompt'],
   ['prompt is a number', C, { prompt: 5 }, 400, 'invalid_request_error', 'prompt'],
   ['prompt list of empty list', C, { prompt: [[]] }, 400, 'invalid_request_error', 'prompt'],
+  ['prompt list mixing strings and token ids', C, { prompt: ['a', [1]] }, 400, 'invalid_request_error', 'prompt'],
+  ['prompt list mixing token ids and strings', C, { prompt: [[1], 'a'] }, 400, 'invalid_request_error', 'prompt'],
   ['prompt list of objects', C, { prompt: [{}] }, 400, 'invalid_request_error', 'prompt'],
   ['token id past the vocabulary', C, { prompt: [1, 999999] }, 400, 'invalid_request_error', 'prompt'],
   ['negative token id', C, { prompt: [-1] }, 400, 'invalid_request_error', 'prompt'],
@@ -502,6 +505,18 @@ test(`a table of ${BAD.length} bad requests, then the server still answers corre
   assert.match(r.json.error.message, new RegExp(`\\b${n} in the prompt\\b`));
   assert.match(r.json.error.message, /\b300\b/);
   assert.match(r.json.error.message, /\b256\b/);
+  // A chunked upload is refused before its body is read (cpp-httplib would
+  // buffer it whatever --max-request-bytes says): 411, send Content-Length.
+  const chunked = new ReadableStream({
+    start(c) { c.enqueue(new TextEncoder().encode(JSON.stringify({ model: 'tiny', prompt: 'a', max_tokens: 1 }))); c.close(); },
+  });
+  const rc = await fetch(URL_BASE + C, {
+    method: 'POST', headers: { 'Content-Type': 'application/json', ...AUTH }, body: chunked, duplex: 'half',
+  });
+  assert.equal(rc.status, 411);
+  const jc = await rc.json();
+  assert.equal(jc.error.code, 'length_required');
+  assert.match(jc.error.message, /Content-Length/);
   // The openai client surfaces these as typed errors.
   await assert.rejects(client.completions.create({ model: 'tiny', prompt: 'a', top_p: 7 }), (e) => e instanceof OpenAI.BadRequestError && e.status === 400);
   await assert.rejects(client.completions.create({ model: 'other', prompt: 'a' }), (e) => e instanceof OpenAI.NotFoundError);
