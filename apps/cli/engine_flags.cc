@@ -109,6 +109,19 @@ void AddSamplingFlags(CLI::App* cmd, SamplingFlags* f) {
       "--stop", [f](const std::vector<std::string>& v) { f->given["stop"] = v; }, "Stop string (repeatable)");
   cmd->add_option_function<std::vector<int64_t>>(
       "--stop-token-ids", [f](const std::vector<int64_t>& v) { f->given["stop_token_ids"] = v; }, "Stop token ids");
+  cmd->add_option_function<std::string>(
+      "--logit-bias",
+      [f](const std::string& v) {
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(v);
+        } catch (const nlohmann::json::exception&) {
+          Fail(ErrorKind::kInvalidArgument, "--logit-bias: expected a JSON object of token id -> bias, e.g. "
+               "'{{\"50256\": -100}}', got {}", v);
+        }
+        f->given["logit_bias"] = j;
+      },
+      "Bias added to these tokens' logits, a JSON object: '{\"50256\": -100}'");
   cmd->add_flag_function("--ignore-eos", [f](int64_t) { f->given["ignore_eos"] = true; }, "Do not stop at EOS");
   cmd->add_flag_function("--include-stop-str-in-output", [f](int64_t) { f->given["include_stop_str_in_output"] = true; },
                          "Keep the matched stop string in the output text");

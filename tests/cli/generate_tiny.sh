@@ -128,4 +128,18 @@ for i in (3, 4, 5):
 assert "max_tokens" in rows[6]["error"], rows[6]
 print("prompt_logprobs ok")
 PY
+# --logit-bias as a command-line default: +100 on one token makes greedy decoding pick it every
+# time; a per-line logit_bias replaces the default; a malformed value is a usage error (exit 2).
+printf '{"prompt": "Hello", "max_tokens": 4}\n{"prompt": "Hello", "max_tokens": 4, "logit_bias": {"777": 100}}\n' > "$T/lb.jsonl"
+"$BIN" generate --model "$TINY" --prompts "$T/lb.jsonl" --output "$T/lb_out.jsonl" --threads 1 --temperature 0 \
+  --logit-bias '{"555": 100}' 2>/dev/null || fail "generate --logit-bias failed"
+python3 - "$T/lb_out.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert rows[0]["token_ids"] == [555] * 4, rows[0]
+assert rows[1]["token_ids"] == [777] * 4, rows[1]
+PY
+rc=0
+"$BIN" generate --model "$TINY" --prompts "$T/lb.jsonl" --output "$T/lb_bad.jsonl" --logit-bias 'nope' 2>"$T/lb_err" || rc=$?
+[ "$rc" = 2 ] && [ "$(wc -l < "$T/lb_err")" = 1 ] && grep -q "^error: --logit-bias" "$T/lb_err" || fail "--logit-bias nope: exit $rc $(cat "$T/lb_err")"
 echo "1 passed, 0 failed"
