@@ -33,7 +33,8 @@ bool RunGnuplot(const std::filesystem::path& png, const std::string& script);
 
 // Fails (Error kInvalidArgument naming `flag` and the path) unless `path` can
 // be created or appended to; called before measuring so a bad output path does
-// not cost a whole run. Leaves no file behind when it did not exist.
+// not cost a whole run. Creates missing parent folders; leaves no file behind
+// when it did not exist.
 void CheckWritable(const std::filesystem::path& path, const char* flag);
 
 // Writes `j` pretty-printed to `path` (throws on I/O error).

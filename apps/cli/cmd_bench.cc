@@ -244,6 +244,12 @@ void CheckWritable(const fs::path& path, const char* flag) {
   if (fs::is_directory(path, ec))
     Fail(ErrorKind::kInvalidArgument, "{} {}: is a directory, expected a file path", flag, path.string());
   const bool existed = fs::exists(path, ec);
+  if (!existed && path.has_parent_path() && !fs::exists(path.parent_path(), ec)) {
+    fs::create_directories(path.parent_path(), ec);  // out/kernels.json works in a fresh clone
+    if (ec)
+      Fail(ErrorKind::kInvalidArgument, "{} {}: cannot create the folder {}: {}", flag, path.string(),
+           path.parent_path().string(), ec.message());
+  }
   {
     std::ofstream f(path, std::ios::app);
     if (!f) Fail(ErrorKind::kInvalidArgument, "{} {}: cannot write there", flag, path.string());

@@ -125,7 +125,7 @@ void RunMakeTiny(const MakeTinyArgs& a) {
 void RegisterMakeTiny(CLI::App& app) {
   auto args = std::make_shared<MakeTinyArgs>();
   auto* cmd = app.add_subcommand("make-tiny",
-                                 "Write the deterministic tiny test checkpoint (TINY_V41_SPEC.md) into OUT_DIR");
+                                 "Write the deterministic tiny test checkpoint (docs/golden/TINY_V41_SPEC.md) into OUT_DIR");
   cmd->add_option("--arch", args->arch, "Architecture: deepseek_v41 (deepseek_v4: not implemented yet)")
       ;
   cmd->add_option("out_dir", args->out_dir, "Output model directory (created if missing)");

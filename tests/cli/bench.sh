@@ -10,9 +10,10 @@ TMP=$(mktemp -d /tmp/bench_sh.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-"$BIN" bench kernels --quick --reps 1 --gemm-m 64 --json "$TMP/k.json" --png "$TMP/k.png" >"$TMP/k.out" \
+# The output folder need not exist (README: --json out/kernels.json in a fresh clone).
+"$BIN" bench kernels --quick --reps 1 --gemm-m 64 --json "$TMP/out/k.json" --png "$TMP/k.png" >"$TMP/k.out" \
   || fail "bench kernels failed: $(cat "$TMP/k.out")"
-python3 - "$TMP/k.json" <<'PY' || fail "bench kernels JSON"
+python3 - "$TMP/out/k.json" <<'PY' || fail "bench kernels JSON"
 import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["triad_gbps"] > 0, "triad_gbps"
@@ -55,9 +56,9 @@ expect_err() {  # expect_err PATTERN ARGS...
 expect_err -- '--gemm-m' bench kernels --quick --json "$TMP/bad.json" --gemm-m 0
 expect_err -- '--gemm-m' bench kernels --quick --json "$TMP/bad.json" --gemm-m -5
 expect_err -- '--reps' bench kernels --quick --json "$TMP/bad.json" --reps 0
-expect_err -- '--json' bench kernels --quick --json "$TMP/no/such/dir/x.json"
+expect_err -- '--json' bench kernels --quick --json /proc/deepinfer-bench/x.json
 expect_err -- '--json' bench kernels --quick --json "$TMP"
-expect_err -- '--json' bench e2e --model "$TMP/missing" --json "$TMP/no/such/dir/e.json"
+expect_err -- '--json' bench e2e --model "$TMP/missing" --json /proc/deepinfer-bench/e.json
 expect_err -- '--prompt-len' bench e2e --model "$TMP/missing" --json "$TMP/bad.json" --prompt-len 100000000
 expect_err -- '--decode-steps' bench e2e --model "$TMP/missing" --json "$TMP/bad.json" --decode-steps 0
 expect_err -- '--batches' bench e2e --model "$TMP/missing" --json "$TMP/bad.json" --batches 100000000
