@@ -64,6 +64,10 @@ struct HttpServer::Impl {
       m->max_model_len = f.args.max_model_len;
       m->max_logprobs = f.args.max_logprobs;
       m->vocab_size = f.vocab_size;
+      if (f.tokenizer)
+        for (int64_t id = 0; id < f.tokenizer->size(); ++id)
+          m->max_token_bytes =
+              std::max<int64_t>(m->max_token_bytes, f.tokenizer->TokenBytes(static_cast<int32_t>(id)).size());
       m->default_sampling = opts.default_sampling;
       m->default_thinking = opts.default_thinking;
       info = std::move(m);

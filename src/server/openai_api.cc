@@ -226,8 +226,31 @@ std::vector<int32_t> TokenIds(const json& arr, const ModelInfo& info, const std:
   return ids;
 }
 
+// Refuses `bytes` of prompt text that cannot fit max_model_len whatever the
+// tokenization (every token covers at most max_token_bytes bytes), without
+// spending time tokenizing it.
+void CheckTextFits(size_t bytes, const ModelInfo& info, const char* param) {
+  if (info.max_token_bytes <= 0 || info.max_model_len <= 0) return;
+  const int64_t at_least = (static_cast<int64_t>(bytes) + info.max_token_bytes - 1) / info.max_token_bytes;
+  if (at_least > info.max_model_len)
+    throw ApiError(400, "invalid_request_error",
+                   fmt::format("This model's maximum context length is {} tokens; the {} bytes of text in {} are at "
+                               "least {} tokens.",
+                               info.max_model_len, bytes, param, at_least),
+                   std::string(param), std::string("context_length_exceeded"));
+}
+
+size_t StringBytes(const json& j) {
+  if (j.is_string()) return j.get_ref<const std::string&>().size();
+  size_t n = 0;
+  if (j.is_array() || j.is_object())
+    for (const auto& e : j) n += StringBytes(e);
+  return n;
+}
+
 std::vector<int32_t> EncodeText(const std::string& text, const ModelInfo& info, const char* param) {
   if (!info.tokenizer) BadRequest("this model directory has no tokenizer.json: send token ids instead of text", param);
+  CheckTextFits(text.size(), info, param);
   try {
     return info.tokenizer->Encode(text, /*add_special_tokens=*/true);
   } catch (const Error& e) {
@@ -352,6 +375,14 @@ ParsedRequest ParseChatRequest(const json& body, const nlohmann::ordered_json& o
     effort = &ordered_body["reasoning_effort"];
   if (effort) chat.reasoning_effort = *effort;
   r.thinking = chat.thinking;
+  // Lower bound: the bytes of the messages' content (always rendered; roles
+  // become special tokens, reasoning may be dropped, so neither is counted).
+  if (const json* m = Field(body, "messages"); m && m->is_array()) {
+    size_t content_bytes = 0;
+    for (const json& msg : *m)
+      if (msg.is_object() && msg.contains("content")) content_bytes += StringBytes(msg["content"]);
+    CheckTextFits(content_bytes, info, "messages");
+  }
   try {
     r.prompts.push_back(EncodeChat(*info.tokenizer, ordered_body["messages"], chat));
   } catch (const Error& e) {

@@ -101,6 +101,10 @@ struct ModelInfo {
   int64_t max_model_len = 0;
   int64_t max_logprobs = 20;
   int64_t vocab_size = 0;
+  // Bytes of the longest token's text (0 = unknown). A prompt of B bytes has
+  // at least ceil(B / max_token_bytes) tokens, so text far over max_model_len
+  // is refused before it is tokenized.
+  int64_t max_token_bytes = 0;
   nlohmann::json default_sampling = nlohmann::json::object();  // the serve command's sampling flags
   bool default_thinking = false;
 };

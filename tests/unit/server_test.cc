@@ -321,6 +321,35 @@ TEST(OpenAiParse, ErrorsNameTheField) {
   EXPECT_EQ(Catch([] { ParseJsonBody("[1,2]"); }).status, 400);
 }
 
+// Text that cannot fit max_model_len whatever its tokenization (more bytes
+// than max_model_len × the longest token) is refused before tokenizing.
+TEST(OpenAiParse, OverlongTextIsRefusedBeforeTokenizing) {
+  ModelInfo info = Info();
+  info.max_model_len = 10;
+  info.max_token_bytes = 4;
+  auto comp = [&](const std::string& prompt) {
+    return Catch([&] { ParseCompletionRequest(json{{"prompt", prompt}, {"max_tokens", 1}}, info); });
+  };
+  ApiError e = comp(std::string(41, 'x'));
+  EXPECT_EQ(e.code, "context_length_exceeded");
+  EXPECT_EQ(e.param, "prompt");
+  EXPECT_NE(std::string(e.what()).find("41 bytes"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("at least 11 tokens"), std::string::npos) << e.what();
+  // 40 bytes may fit: it is tokenized and judged by its real length.
+  const std::string forty(40, 'x');
+  const int64_t n = static_cast<int64_t>(SharedTokenizer().Encode(forty).size());
+  if (n + 1 > 10) {
+    e = comp(forty);
+    EXPECT_NE(std::string(e.what()).find(std::to_string(n) + " in the prompt"), std::string::npos) << e.what();
+  }
+  // Chat: the bytes of every string in messages count.
+  const json chat = {{"messages", {{{"role", "user"}, {"content", std::string(30, 'y')}},
+                                   {{"role", "user"}, {"content", std::string(11, 'z')}}}}};
+  e = Catch([&] { ParseChatRequest(chat, nlohmann::ordered_json::parse(chat.dump()), info); });
+  EXPECT_EQ(e.code, "context_length_exceeded");
+  EXPECT_EQ(e.param, "messages");
+}
+
 TEST(OpenAiParse, PromptLogprobs) {
   const ModelInfo info = Info();
   auto comp = [&](const char* body) { return ParseCompletionRequest(json::parse(body), info); };
