@@ -24,10 +24,26 @@ void SchedulerConfig::Validate() const {
   if (max_model_len < 2) Fail(ErrorKind::kInvalidArgument, "max_model_len must be >= 2, got {}", max_model_len);
   if (block_size < 1) Fail(ErrorKind::kInvalidArgument, "block_size must be >= 1, got {}", block_size);
   if (num_kv_blocks < 1) Fail(ErrorKind::kInvalidArgument, "num_kv_blocks must be >= 1, got {}", num_kv_blocks);
-  for (const auto* b : {&prefill_token_buckets, &decode_batch_buckets}) {
-    for (size_t i = 0; i < b->size(); ++i) {
-      if ((*b)[i] < 1 || (i > 0 && (*b)[i] <= (*b)[i - 1]))
-        Fail(ErrorKind::kInvalidArgument, "bucket lists must be positive and strictly increasing");
+  // A bucket above the step's limit would pad every step past it (a step can
+  // never hold more than max_num_batched_tokens tokens or max_num_seqs rows).
+  struct BucketList {
+    const std::vector<int64_t>* v;
+    const char* name;
+    int64_t limit;
+    const char* limit_name;
+  };
+  for (const BucketList& b : {BucketList{&prefill_token_buckets, "prefill_token_buckets (--prefill-token-buckets)",
+                                         max_num_batched_tokens, "max_num_batched_tokens"},
+                              BucketList{&decode_batch_buckets, "decode_batch_buckets (--decode-batch-buckets)",
+                                         max_num_seqs, "max_num_seqs"}}) {
+    for (size_t i = 0; i < b.v->size(); ++i) {
+      const int64_t x = (*b.v)[i];
+      if (x < 1 || (i > 0 && x <= (*b.v)[i - 1]))
+        Fail(ErrorKind::kInvalidArgument, "{} must be positive and strictly increasing, got {} at position {}", b.name,
+             x, i);
+      if (x > b.limit)
+        Fail(ErrorKind::kInvalidArgument, "{}: bucket {} is larger than {} {} (no step can be that large)", b.name, x,
+             b.limit_name, b.limit);
     }
   }
   if (prompt_as_decode_max_tokens < 1)

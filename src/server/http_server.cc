@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <ctime>
+#include <map>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -47,6 +48,7 @@ struct HttpServer::Impl {
   std::unique_ptr<EngineLoop> loop;
   httplib::Server svr;
   std::atomic<bool> stopping{false};
+  std::atomic<int> active_streams{0};  // SSE responses not yet finished
   bool bound = false;
   EngineFactory factory;  // moved into the loop by Bind()
   std::mutex info_mu;
@@ -170,11 +172,27 @@ void HttpServer::Impl::HandleGenerate(const httplib::Request& req, httplib::Resp
   res.set_header("Cache-Control", "no-cache");
   EngineLoop* lp = loop.get();
   std::atomic<bool>* stop_flag = &stopping;
+  std::atomic<int>* streams = &active_streams;
   auto pending = std::make_shared<std::string>(st->builder->Prologue());
+  ++active_streams;
   res.set_chunked_content_provider(
       "text/event-stream",
       [st, lp, stop_flag, pending](size_t /*offset*/, httplib::DataSink& sink) -> bool {
         std::string& ev = *pending;
+        if (*stop_flag && !st->finished) {
+          // Shutting down: end the stream visibly (an error event and [DONE])
+          // instead of cutting it off; Run() waits briefly for this.
+          lp->Abort(st->ids);
+          st->finished = true;
+          ev += "data: " +
+                Dump(ErrorBody(ApiError(503, "server_error", "the server is shutting down", std::nullopt,
+                                        std::optional<std::string>("shutting_down")))) +
+                "\n\ndata: [DONE]\n\n";
+          if (!sink.write(ev.data(), ev.size())) return false;
+          ev.clear();
+          sink.done();
+          return true;
+        }
         if (ev.empty()) {
           std::vector<ChoiceOutput> outs;
           if (!st->channel->WaitPop(&outs, kPoll)) {
@@ -208,9 +226,10 @@ void HttpServer::Impl::HandleGenerate(const httplib::Request& req, httplib::Resp
         if (st->finished) sink.done();
         return true;
       },
-      [st, lp](bool success) {
+      [st, lp, streams](bool success) {
         // Client gone or write failed before the end: free the engine's blocks now.
         if (!success || !st->finished) lp->Abort(st->ids);
+        --*streams;
       });
 }
 
@@ -357,7 +376,22 @@ void HttpServer::Impl::Routes() {
                                                                      httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     std::string msg, code;
+    // A known route with another method: 405 with Allow (as vLLM/FastAPI).
+    static const std::map<std::string, std::string> kAllowed = {
+        {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/tokenize", "POST"},
+        {"/detokenize", "POST"},     {"/v1/models", "GET, HEAD"},       {"/health", "GET, HEAD"},
+        {"/metrics", "GET, HEAD"},   {"/version", "GET, HEAD"}};
+    if (res.status == 404) {
+      if (const auto it = kAllowed.find(req.path); it != kAllowed.end()) {
+        res.status = 405;
+        res.set_header("Allow", it->second);
+        msg = fmt::format("method {} is not allowed on {}; use {}", req.method, req.path, it->second);
+        code = "method_not_allowed";
+      }
+    }
     switch (res.status) {
+      case 405:
+        break;
       case 404:
         msg = fmt::format("no route for {} {}", req.method, req.path);
         code = "not_found";
@@ -366,6 +400,10 @@ void HttpServer::Impl::Routes() {
         msg = fmt::format("the request body is larger than this server's limit of {} bytes (--max-request-bytes)",
                           opts.max_request_bytes);
         code = "request_too_large";
+        break;
+      case 400:
+        msg = "the HTTP request could not be read: check the request line, the Content-Length of the body and "
+              "the Content-Type (application/json)";
         break;
       default:
         msg = fmt::format("the HTTP request could not be handled (status {})", res.status);
@@ -449,6 +487,9 @@ void HttpServer::Run() {
     listening_done = true;
   });
   while (!impl_->stopping && !listening_done) std::this_thread::sleep_for(kPoll);
+  // Give open streams a moment to send their shutdown event and [DONE]
+  // (cpp-httplib stops calling content providers once it stops).
+  for (int i = 0; i < 40 && impl_->active_streams > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   // Exactly one stop() while the listen loop runs (a second one would trip an
   // assert inside cpp-httplib).
   while (!listening_done) {

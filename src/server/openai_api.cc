@@ -70,6 +70,8 @@ json ParseJsonBody(const std::string& body) {
   } catch (const json::parse_error& e) {
     // nlohmann names the byte position and, for bad bytes, "ill-formed UTF-8".
     BadRequest(fmt::format("the request body is not valid JSON (UTF-8): {}", e.what()));
+  } catch (const json::exception& e) {  // e.g. a number too large for a double (1e400)
+    BadRequest(fmt::format("the request body cannot be read as JSON: {}", e.what()));
   }
   if (!j.is_object()) BadRequest(fmt::format("the request body must be a JSON object, found {}", j.type_name()));
   return j;

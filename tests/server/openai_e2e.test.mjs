@@ -421,6 +421,7 @@ const BAD = [
   ['prompt is a number', C, { prompt: 5 }, 400, 'invalid_request_error', 'prompt'],
   ['prompt list of empty list', C, { prompt: [[]] }, 400, 'invalid_request_error', 'prompt'],
   ['prompt list mixing strings and token ids', C, { prompt: ['a', [1]] }, 400, 'invalid_request_error', 'prompt'],
+  ['a number too large for a double', C, '{"prompt": "a", "temperature": 1e400}', 400, 'invalid_request_error'],
   ['prompt list mixing token ids and strings', C, { prompt: [[1], 'a'] }, 400, 'invalid_request_error', 'prompt'],
   ['prompt list of objects', C, { prompt: [{}] }, 400, 'invalid_request_error', 'prompt'],
   ['token id past the vocabulary', C, { prompt: [1, 999999] }, 400, 'invalid_request_error', 'prompt'],
@@ -505,6 +506,13 @@ test(`a table of ${BAD.length} bad requests, then the server still answers corre
   assert.match(r.json.error.message, new RegExp(`\\b${n} in the prompt\\b`));
   assert.match(r.json.error.message, /\b300\b/);
   assert.match(r.json.error.message, /\b256\b/);
+  // Another method on a known route: 405 with Allow.
+  for (const [method, path, allow] of [['PUT', C, 'POST'], ['DELETE', CH, 'POST'], ['POST', '/v1/models', 'GET, HEAD']]) {
+    const r = await fetch(URL_BASE + path, { method, headers: { 'Content-Type': 'application/json', ...AUTH }, body: '{}' });
+    assert.equal(r.status, 405, `${method} ${path}`);
+    assert.equal(r.headers.get('allow'), allow, `${method} ${path}: Allow`);
+    assert.equal((await r.json()).error.code, 'method_not_allowed');
+  }
   // A chunked upload is refused before its body is read (cpp-httplib would
   // buffer it whatever --max-request-bytes says): 411, send Content-Length.
   const chunked = new ReadableStream({

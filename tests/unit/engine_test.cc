@@ -224,7 +224,7 @@ TEST(Engine, PaddingRowsNeverTouchRealState) {
   RunResult ref = RunEngine(Args(4, 64), reqs);
   EngineArgs a = Args(4, 64);
   a.prefill_token_buckets = {8, 32, 64};
-  a.decode_batch_buckets = {2, 4, 8};
+  a.decode_batch_buckets = {2, 4};
   a.prompt_as_decode_max_tokens = 2;
   RunResult padded = RunEngine(a, reqs);
   EXPECT_EQ(padded.tokens, ref.tokens);

@@ -69,6 +69,28 @@ TEST(Scheduler, RejectsBadRequests) {
   }
   SchedulerConfig bad = Config(0, 16, 8);
   EXPECT_THROW(Scheduler{bad}, Error);
+  // Buckets past the step limits would pad every step past them.
+  auto message = [](const SchedulerConfig& c) {
+    try {
+      Scheduler{c};
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  SchedulerConfig big_prefill = Config(8, 64, 256);
+  big_prefill.prefill_token_buckets = {16, 100000};
+  EXPECT_NE(message(big_prefill).find("--prefill-token-buckets): bucket 100000 is larger than max_num_batched_tokens 64"),
+            std::string::npos)
+      << message(big_prefill);
+  SchedulerConfig big_decode = Config(8, 64, 256);
+  big_decode.decode_batch_buckets = {1, 2147483647};
+  EXPECT_NE(message(big_decode).find("--decode-batch-buckets): bucket 2147483647 is larger than max_num_seqs 8"),
+            std::string::npos)
+      << message(big_decode);
+  SchedulerConfig unsorted = Config(8, 64, 256);
+  unsorted.decode_batch_buckets = {4, 2};
+  EXPECT_NE(message(unsorted).find("strictly increasing"), std::string::npos) << message(unsorted);
 }
 
 TEST(Scheduler, ChunkedPrefillThenDecode) {

@@ -708,6 +708,45 @@ TEST(HttpServer, DisconnectMidStreamAbortsAndFreesBlocks) {
   EXPECT_LT(s.generation_tokens_total, 480);  // stopped early
 }
 
+// Shutting down with a stream open: the stream ends with a shutting_down error
+// event and [DONE] (not cut off), and Run() returns.
+TEST(HttpServer, ShutdownEndsOpenStreamsVisibly) {
+  ServerFixture f;
+  ASSERT_TRUE(f.WaitReady());
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(f.port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const std::string body = R"({"prompt":"Once upon a time","max_tokens":480,"ignore_eos":true,"stream":true})";
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("data: {") == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+  std::thread stopper([&] { f.Shutdown(); });
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+    if (got.find("data: [DONE]") != std::string::npos) break;
+  }
+  close(fd);
+  stopper.join();
+  EXPECT_NE(got.find("\"code\":\"shutting_down\""), std::string::npos) << got.substr(got.size() > 600 ? got.size() - 600 : 0);
+  EXPECT_NE(got.find("data: [DONE]"), std::string::npos);
+  EXPECT_EQ(got.find("\"finish_reason\":\"length\""), std::string::npos);  // it did not just run to the end
+}
+
 TEST(HttpServer, EngineFailureFailsOnlyThatRequest) {
   ServerFixture f;
   ASSERT_TRUE(f.WaitReady());
