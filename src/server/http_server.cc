@@ -257,19 +257,8 @@ void HttpServer::Impl::HandleTokenize(const httplib::Request& req, httplib::Resp
   } else {
     if (!body["messages"].is_array())
       BadRequest(fmt::format("messages: expected a list, found {}", body["messages"].type_name()), "messages");
-    ChatOptions chat;
-    try {
-      chat.encoding = ChatEncodingForModelType(mi->model_type);
-    } catch (const Error& e) {
-      throw ApiError(400, "invalid_request_error", e.what(), "model");
-    }
-    chat.add_generation_prompt = get_bool("add_generation_prompt", true);
-    chat.thinking = mi->default_thinking;
-    if (body.contains("chat_template_kwargs") && body["chat_template_kwargs"].is_object()) {
-      const json& kw = body["chat_template_kwargs"];
-      if (kw.contains("thinking") && kw["thinking"].is_boolean()) chat.thinking = kw["thinking"].get<bool>();
-    }
     const auto ordered = nlohmann::ordered_json::parse(req.body);
+    const ChatOptions chat = ChatOptionsFor(body, ordered, *mi);  // exactly as /v1/chat/completions renders
     try {
       ids = EncodeChat(*mi->tokenizer, ordered["messages"], chat);
     } catch (const Error& e) {

@@ -331,27 +331,7 @@ ParsedRequest ParseCompletionRequest(const json& body, const ModelInfo& info) {
   return r;
 }
 
-ParsedRequest ParseChatRequest(const json& body, const nlohmann::ordered_json& ordered_body, const ModelInfo& info) {
-  CheckModel(body, info);
-  ParsedRequest r;
-  r.endpoint = Endpoint::kChat;
-  ParseCommon(body, &r);
-  for (const char* k : {"tools", "functions"}) {
-    const json* t = Field(body, k);
-    if (t && !(t->is_array() && t->empty()))
-      BadRequest(fmt::format("{} is not supported yet: this server has no tool-call parser", k), k);
-  }
-  if (GetBool(body, "continue_final_message", false))
-    BadRequest("continue_final_message is not supported", "continue_final_message");
-  const json* msgs = Field(body, "messages");
-  if (!msgs) BadRequest("messages is required", "messages");
-  if (!msgs->is_array()) BadRequest(fmt::format("messages: expected a list, found {}", msgs->type_name()), "messages");
-  if (msgs->empty()) BadRequest("messages must not be empty", "messages");
-  for (size_t i = 0; i < msgs->size(); ++i)
-    if (!(*msgs)[i].is_object())
-      BadRequest(fmt::format("messages[{}]: expected an object, found {}", i, (*msgs)[i].type_name()), "messages");
-  if (!info.tokenizer) BadRequest("this model directory has no tokenizer.json: chat needs one", "messages");
-
+ChatOptions ChatOptionsFor(const json& body, const nlohmann::ordered_json& ordered_body, const ModelInfo& info) {
   ChatOptions chat;
   try {
     chat.encoding = ChatEncodingForModelType(info.model_type);
@@ -376,6 +356,31 @@ ParsedRequest ParseChatRequest(const json& body, const nlohmann::ordered_json& o
   if (ordered_body.contains("reasoning_effort") && !ordered_body["reasoning_effort"].is_null())
     effort = &ordered_body["reasoning_effort"];
   if (effort) chat.reasoning_effort = *effort;
+  return chat;
+}
+
+ParsedRequest ParseChatRequest(const json& body, const nlohmann::ordered_json& ordered_body, const ModelInfo& info) {
+  CheckModel(body, info);
+  ParsedRequest r;
+  r.endpoint = Endpoint::kChat;
+  ParseCommon(body, &r);
+  for (const char* k : {"tools", "functions"}) {
+    const json* t = Field(body, k);
+    if (t && !(t->is_array() && t->empty()))
+      BadRequest(fmt::format("{} is not supported yet: this server has no tool-call parser", k), k);
+  }
+  if (GetBool(body, "continue_final_message", false))
+    BadRequest("continue_final_message is not supported", "continue_final_message");
+  const json* msgs = Field(body, "messages");
+  if (!msgs) BadRequest("messages is required", "messages");
+  if (!msgs->is_array()) BadRequest(fmt::format("messages: expected a list, found {}", msgs->type_name()), "messages");
+  if (msgs->empty()) BadRequest("messages must not be empty", "messages");
+  for (size_t i = 0; i < msgs->size(); ++i)
+    if (!(*msgs)[i].is_object())
+      BadRequest(fmt::format("messages[{}]: expected an object, found {}", i, (*msgs)[i].type_name()), "messages");
+  if (!info.tokenizer) BadRequest("this model directory has no tokenizer.json: chat needs one", "messages");
+
+  const ChatOptions chat = ChatOptionsFor(body, ordered_body, info);
   r.thinking = chat.thinking;
   // Lower bound: the bytes of the messages' content (always rendered; roles
   // become special tokens, reasoning may be dropped, so neither is counted).

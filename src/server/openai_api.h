@@ -61,6 +61,7 @@
 #include "base/error.h"
 #include "deepinfer/engine.h"
 #include "server/engine_loop.h"
+#include "tokenizer/chat_format.h"
 
 namespace deepinfer::server {
 
@@ -134,6 +135,13 @@ struct ParsedRequest {
 };
 
 ParsedRequest ParseCompletionRequest(const nlohmann::json& body, const ModelInfo& info);
+// The chat rendering options of a chat request body (add_generation_prompt,
+// chat_template_kwargs.thinking / enable_thinking / drop_thinking,
+// reasoning_effort), validated; used by /v1/chat/completions and by
+// /tokenize with messages so both render the same prompt. Throws ApiError 400
+// naming the field.
+ChatOptions ChatOptionsFor(const nlohmann::json& body, const nlohmann::ordered_json& ordered_body,
+                           const ModelInfo& info);
 // `ordered_body` is the same body parsed with key order kept (the chat
 // renderer writes tool arguments in the order given).
 ParsedRequest ParseChatRequest(const nlohmann::json& body, const nlohmann::ordered_json& ordered_body,

@@ -630,8 +630,20 @@ std::string RenderChat(const Json& messages, const ChatOptions& o) {
   if (!messages.is_array()) Fail(ErrorKind::kInvalidArgument, "chat messages must be a JSON array");
   const Dialect& d = o.encoding == ChatEncoding::kDeepseekV41 ? kV41 : kV4;
   const std::string effort = EffortPrefix(o);  // validates in every mode, as the reference asserts
-  for (size_t i = 0; i < messages.size(); ++i)
-    if (!messages[i].is_object()) Bad(i, "a message must be a JSON object");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Json& m = messages[i];
+    if (!m.is_object()) Bad(i, "a message must be a JSON object");
+    // Field types first, so an error names the field the caller wrote.
+    if (!m.contains("role") || m["role"].is_null()) Bad(i, "\"role\" is missing");
+    if (!m["role"].is_string()) Bad(i, fmt::format("\"role\" must be a string, found {}", m["role"].type_name()));
+    if (m.contains("content")) {
+      const Json& c = m["content"];
+      if (c.is_null() && m["role"] == "user")
+        Bad(i, "\"content\" is null (give a string or a list of content blocks)");
+      if (!c.is_null() && !c.is_string() && !c.is_array())
+        Bad(i, fmt::format("\"content\" must be a string or a list of content blocks, found {}", c.type_name()));
+    }
+  }
   Json msgs = d.v41 ? ProcessImages(messages) : messages;
   msgs = MergeToolMessages(msgs, d.v41);
   SortToolResults(msgs);

@@ -298,6 +298,13 @@ test('prompt_logprobs (vLLM extension): completions and chat', async () => {
   assert.equal(c.usage.prompt_tokens, ctok.length);
   assert.equal(c.prompt_logprobs[0], null);
   const viaCompletion = await client.completions.create({ model: 'tiny', prompt: ctok, max_tokens: 1, prompt_logprobs: 2 });
+  // /tokenize renders messages exactly as chat does, options included.
+  for (const kwargs of [{ enable_thinking: true }, { thinking: true }, { thinking: false }]) {
+    const tk = (await post('/tokenize', { messages, chat_template_kwargs: kwargs })).json;
+    const cc = await client.chat.completions.create({ model: 'tiny', messages, max_tokens: 1, chat_template_kwargs: kwargs });
+    assert.equal(tk.count, cc.usage.prompt_tokens, JSON.stringify(kwargs));
+  }
+  assert.equal((await post('/tokenize', { messages, chat_template_kwargs: { thinking: 'yes' } })).status, 400);
   assert.deepEqual(c.prompt_logprobs, viaCompletion.choices[0].prompt_logprobs);
   // Streaming is refused (as vLLM), naming the field.
   const s = await post('/v1/completions', { model: 'tiny', prompt, prompt_logprobs: 1, stream: true });

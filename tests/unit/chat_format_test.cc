@@ -127,6 +127,24 @@ TEST(ChatFormat, InvalidInputIsAnError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("chat message 1"), std::string::npos) << e.what();
   }
+  // Errors name the field the caller wrote.
+  auto message = [](const char* msgs) {
+    try {
+      RenderChat(Json::parse(msgs), V41(false));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(R"([{"role": "user", "content": 5}])"),
+            "chat message 0: \"content\" must be a string or a list of content blocks, found number");
+  EXPECT_EQ(message(R"([{"role": "user", "content": {"a": 1}}])"),
+            "chat message 0: \"content\" must be a string or a list of content blocks, found object");
+  EXPECT_EQ(message(R"([{"role": "user", "content": null}])"),
+            "chat message 0: \"content\" is null (give a string or a list of content blocks)");
+  EXPECT_EQ(message(R"([{"content": "x"}])"), "chat message 0: \"role\" is missing");
+  EXPECT_EQ(message(R"([{"role": 1, "content": "x"}])"), "chat message 0: \"role\" must be a string, found number");
+  EXPECT_EQ(message(R"([{"role": "assistant", "content": null}, {"role": "user", "content": "x"}])"), "no error");
   ChatOptions v4;
   v4.encoding = ChatEncoding::kDeepseekV4;
   v4.reasoning_effort = 50;
