@@ -386,6 +386,7 @@ void HttpServer::Impl::Routes() {
         code = "not_found";
         break;
       case 413:
+        res.status = 400;  // edge validation answers 400 (the code says what it was)
         msg = fmt::format("the request body is larger than this server's limit of {} bytes (--max-request-bytes)",
                           opts.max_request_bytes);
         code = "request_too_large";

@@ -91,7 +91,9 @@ void CheckModel(const json& body, const ModelInfo& info) {
   const std::string m = it->get<std::string>();
   for (const auto& name : info.served_model_names)
     if (m == name) return;
-  throw ApiError(404, "invalid_request_error", fmt::format("The model `{}` does not exist.", m), "model",
+  // 400 as the server issue's edge-validation table has it (OpenAI and vLLM
+  // answer 404 here; the body and code are theirs).
+  throw ApiError(400, "invalid_request_error", fmt::format("The model `{}` does not exist.", m), "model",
                  "model_not_found");
 }
 

@@ -111,7 +111,7 @@ struct ModelInfo {
 };
 
 // Checks "model" (absent/null = the served model). Throws 400 for a non-string,
-// 404 model_not_found for another name.
+// 400 model_not_found for another name.
 void CheckModel(const nlohmann::json& body, const ModelInfo& info);
 
 enum class Endpoint { kCompletions, kChat };

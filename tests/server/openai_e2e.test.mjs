@@ -433,7 +433,7 @@ const BAD = [
   ['prompt list of objects', C, { prompt: [{}] }, 400, 'invalid_request_error', 'prompt'],
   ['token id past the vocabulary', C, { prompt: [1, 999999] }, 400, 'invalid_request_error', 'prompt'],
   ['negative token id', C, { prompt: [-1] }, 400, 'invalid_request_error', 'prompt'],
-  ['unknown model', C, { model: 'gpt-4', prompt: 'a' }, 404, 'invalid_request_error', 'model'],
+  ['unknown model', C, { model: 'gpt-4', prompt: 'a' }, 400, 'invalid_request_error', 'model'],
   ['model not a string', C, { model: 5, prompt: 'a' }, 400, 'invalid_request_error', 'model'],
   ['max_tokens 0', C, { prompt: 'a', max_tokens: 0 }, 400, 'invalid_request_error', 'max_tokens'],
   ['max_tokens negative', C, { prompt: 'a', max_tokens: -5 }, 400, 'invalid_request_error', 'max_tokens'],
@@ -471,7 +471,7 @@ const BAD = [
   ['prompt_logprobs -1 (whole vocabulary) above max_logprobs', C, { prompt: 'a', prompt_logprobs: -1 }, 400, 'invalid_request_error', 'prompt_logprobs'],
   ['prompt_logprobs with stream', C, { prompt: 'a', prompt_logprobs: 1, stream: true }, 400, 'invalid_request_error', 'prompt_logprobs'],
   ['chat: prompt_logprobs above max_logprobs', CH, { messages: msgs, prompt_logprobs: 50 }, 400, 'invalid_request_error', 'prompt_logprobs'],
-  ['oversized body', C, JSON.stringify({ prompt: 'x'.repeat(1_200_000) }), 413, 'invalid_request_error'],
+  ['oversized body', C, JSON.stringify({ prompt: 'x'.repeat(1_200_000) }), 400, 'invalid_request_error'],
   ['chat: messages missing', CH, { model: 'tiny' }, 400, 'invalid_request_error', 'messages'],
   ['chat: messages empty', CH, { messages: [] }, 400, 'invalid_request_error', 'messages'],
   ['chat: messages a string', CH, { messages: 'hi' }, 400, 'invalid_request_error', 'messages'],
@@ -484,7 +484,7 @@ const BAD = [
   ['chat: tools unsupported', CH, { messages: msgs, tools: [{ type: 'function', function: { name: 'f' } }] }, 400, 'invalid_request_error', 'tools'],
   ['chat: response_format json_object', CH, { messages: msgs, response_format: { type: 'json_object' } }, 400, 'invalid_request_error', 'response_format'],
   ['chat: chat_template_kwargs not an object', CH, { messages: msgs, chat_template_kwargs: 'x' }, 400, 'invalid_request_error', 'chat_template_kwargs'],
-  ['chat: unknown model', CH, { model: 'nope', messages: msgs }, 404, 'invalid_request_error', 'model'],
+  ['chat: unknown model', CH, { model: 'nope', messages: msgs }, 400, 'invalid_request_error', 'model'],
   ['missing API key', C, { prompt: 'a' }, 401, 'invalid_request_error', undefined, { Authorization: '' }],
   ['wrong API key', C, { prompt: 'a' }, 401, 'invalid_request_error', undefined, { Authorization: 'Bearer wrong' }],
   ['unknown route', '/v1/nothing', {}, 404, 'invalid_request_error'],
@@ -534,7 +534,8 @@ test(`a table of ${BAD.length} bad requests, then the server still answers corre
   assert.match(jc.error.message, /Content-Length/);
   // The openai client surfaces these as typed errors.
   await assert.rejects(client.completions.create({ model: 'tiny', prompt: 'a', top_p: 7 }), (e) => e instanceof OpenAI.BadRequestError && e.status === 400);
-  await assert.rejects(client.completions.create({ model: 'other', prompt: 'a' }), (e) => e instanceof OpenAI.NotFoundError);
+  await assert.rejects(client.completions.create({ model: 'other', prompt: 'a' }),
+    (e) => e instanceof OpenAI.BadRequestError && e.code === 'model_not_found');
   const anon = new OpenAI({ baseURL: `${URL_BASE}/v1`, apiKey: 'bad-key', maxRetries: 0 });
   await assert.rejects(anon.models.list(), (e) => e instanceof OpenAI.AuthenticationError);
   // Still serving, with the same answer as before.

