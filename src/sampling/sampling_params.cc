@@ -56,8 +56,10 @@ int64_t ReadInt(const nlohmann::json& v, const char* field) {
   }
   if (v.is_number_float()) {
     const double d = v.get<double>();
-    // Accept integral floats (5.0) that are exactly representable as int64.
-    if (std::isfinite(d) && d == std::floor(d) && d >= -9.2233720368547758e18 &&
+    // Accept integral floats (5.0) strictly inside the int64 range. A float
+    // equal to -2^63 can only come from a literal below INT64_MIN (such as
+    // -9223372036854775809, rounded): INT64_MIN itself parses as an integer.
+    if (std::isfinite(d) && d == std::floor(d) && d > -9.2233720368547758e18 &&
         d < 9.2233720368547758e18)
       return static_cast<int64_t>(d);
     Bad(fmt::format("{}: expected an integer, found {}", field, Num(d)));

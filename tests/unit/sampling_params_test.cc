@@ -186,6 +186,9 @@ TEST(SamplingParams, FromJsonRejectsWrongTypes) {
   ExpectInvalid([&] { parse(R"({"ignore_eos": 1})"); }, {"ignore_eos", "true or false"});
   ExpectInvalid([&] { parse(R"({"logprobs": true})"); }, {"logprobs", "integer", "boolean"});
   ExpectInvalid([&] { parse(R"({"seed": 18446744073709551615})"); }, {"seed", "int64"});
+  ExpectInvalid([&] { parse(R"({"seed": -9223372036854775809})"); }, {"seed", "expected an integer"});
+  EXPECT_EQ(parse(R"({"seed": -9223372036854775808})").seed, std::optional<int64_t>(INT64_MIN));
+  EXPECT_EQ(parse(R"({"seed": 5.0})").seed, std::optional<int64_t>(5));
   ExpectInvalid([&] { parse(R"([1, 2])"); }, {"sampling parameters", "object"});
   // Types right, values out of range: Validate's message.
   ExpectInvalid([&] { parse(R"({"top_p": 0})"); }, {"top_p", "(0, 1]"});
