@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "engine/backend.h"
+#include "logprobs_testing.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deepinfer {
@@ -302,26 +303,9 @@ TEST(Engine, AbortFreesBlocksAtOnce) {
 // ---------------------------------------------------------------------------
 // prompt_logprobs
 
-using PromptLp = std::vector<std::optional<LogprobsEntry>>;
-
-bool SameEntry(const LogprobsEntry& a, const LogprobsEntry& b) {
-  auto same = [](const TokenLogprob& x, const TokenLogprob& y) {
-    return x.token_id == y.token_id && std::memcmp(&x.logprob, &y.logprob, sizeof(float)) == 0 && x.rank == y.rank;
-  };
-  if (!same(a.chosen, b.chosen) || a.top.size() != b.top.size()) return false;
-  for (size_t i = 0; i < a.top.size(); ++i)
-    if (!same(a.top[i], b.top[i])) return false;
-  return true;
-}
-
-bool SamePromptLp(const PromptLp& a, const PromptLp& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].has_value() != b[i].has_value()) return false;
-    if (a[i] && !SameEntry(*a[i], *b[i])) return false;
-  }
-  return true;
-}
+using test_util::PromptLp;
+using test_util::SameEntry;
+using test_util::SamePromptLp;
 
 struct PlpRun {
   std::map<std::string, PromptLp> plp;           // from the finished output

@@ -14,12 +14,11 @@
 #include <nlohmann/json.hpp>
 
 #include "deepinfer/engine.h"
+#include "logprobs_testing.h"
 #include "tokenizer/tokenizer.h"
 
 namespace deepinfer {
 namespace {
-
-using PromptLp = std::vector<std::optional<LogprobsEntry>>;
 
 std::string TinyDir() {
   const char* d = std::getenv("DEEPINFER_TINY_DIR");
@@ -39,25 +38,10 @@ EngineArgs TinyArgs(int max_num_seqs, int64_t budget, int64_t num_kv_blocks = 0)
   return a;
 }
 
-bool SameLp(const TokenLogprob& x, const TokenLogprob& y) {
-  return x.token_id == y.token_id && std::memcmp(&x.logprob, &y.logprob, sizeof(float)) == 0 && x.rank == y.rank;
-}
-
-bool SameEntry(const LogprobsEntry& a, const LogprobsEntry& b) {
-  if (!SameLp(a.chosen, b.chosen) || a.top.size() != b.top.size()) return false;
-  for (size_t i = 0; i < a.top.size(); ++i)
-    if (!SameLp(a.top[i], b.top[i])) return false;
-  return true;
-}
-
-bool SamePromptLp(const PromptLp& a, const PromptLp& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].has_value() != b[i].has_value()) return false;
-    if (a[i] && !SameEntry(*a[i], *b[i])) return false;
-  }
-  return true;
-}
+using test_util::PromptLp;
+using test_util::SameEntry;
+using test_util::SameLp;
+using test_util::SamePromptLp;
 
 // Runs the requests to completion; returns the finished outputs by request_id.
 std::map<std::string, RequestOutput> RunAll(Engine& engine, const std::vector<GenerateRequest>& reqs, bool alone = false) {

@@ -656,28 +656,40 @@ TEST(HttpServer, StreamingEqualsNonStreaming) {
   EXPECT_EQ(usage, whole["usage"]);
 }
 
-// Opens a raw connection, sends a streaming request, reads the first bytes of
-// the answer, and closes the socket mid-stream.
-void StreamThenDisconnect(int port, const std::string& body, std::string* got_out) {
+// Opens a raw connection, sends a streaming completion request and reads until
+// the first event has arrived; returns the socket (-1 on failure) and the bytes
+// read so far in *got.
+int OpenStream(int port, const std::string& body, std::string* got) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
+  if (fd < 0) return -1;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
   const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
-  std::string got;
-  char buf[4096];
-  while (got.find("data: {") == std::string::npos) {
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    ASSERT_GT(n, 0);
-    got.append(buf, static_cast<size_t>(n));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      send(fd, req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) {
+    close(fd);
+    return -1;
   }
+  char buf[4096];
+  while (got->find("data: {") == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) {
+      close(fd);
+      return -1;
+    }
+    got->append(buf, static_cast<size_t>(n));
+  }
+  return fd;
+}
+
+// Streams, then closes the socket mid-stream.
+void StreamThenDisconnect(int port, const std::string& body, std::string* got_out) {
+  const int fd = OpenStream(port, body, got_out);
+  ASSERT_GE(fd, 0) << *got_out;
   close(fd);
-  *got_out = got;
 }
 
 TEST(HttpServer, DisconnectMidStreamAbortsAndFreesBlocks) {
@@ -713,24 +725,11 @@ TEST(HttpServer, DisconnectMidStreamAbortsAndFreesBlocks) {
 TEST(HttpServer, ShutdownEndsOpenStreamsVisibly) {
   ServerFixture f;
   ASSERT_TRUE(f.WaitReady());
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(f.port()));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  const std::string body = R"({"prompt":"Once upon a time","max_tokens":480,"ignore_eos":true,"stream":true})";
-  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  ASSERT_EQ(send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
   std::string got;
+  const int fd =
+      OpenStream(f.port(), R"({"prompt":"Once upon a time","max_tokens":480,"ignore_eos":true,"stream":true})", &got);
+  ASSERT_GE(fd, 0) << got;
   char buf[4096];
-  while (got.find("data: {") == std::string::npos) {
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    ASSERT_GT(n, 0);
-    got.append(buf, static_cast<size_t>(n));
-  }
   std::thread stopper([&] { f.Shutdown(); });
   timeval tv{10, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
