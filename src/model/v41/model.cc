@@ -578,7 +578,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
         list_len = W + K;
       }
       float* orow = o.data() + r * H * D;
-      (A.wq_a.packed ? cpu::SparseAttention : ref::SparseAttention)(q.data() + r * H * D, static_cast<int>(H), D, rows.data(), slots.data(),
+      (w_.packed_for_cpu ? cpu::SparseAttention : ref::SparseAttention)(q.data() + r * H * D, static_cast<int>(H), D, rows.data(), slots.data(),
                            static_cast<int>(rows.size()), static_cast<int32_t>(list_len), A.attn_sink.data(),
                            scale, orow);
       for (int64_t h = 0; h < H; ++h) rope.Apply(orow + h * D + D - rd, p, true);

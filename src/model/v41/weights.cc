@@ -236,6 +236,7 @@ size_t ModelWeights::PackForCpu() {
     fp8(F.shared_w2);
     if (L.has_engram) fp8(L.engram.wkv);
   }
+  packed_for_cpu = true;
   return bytes;
 }
 

@@ -112,10 +112,12 @@ struct ModelWeights {
   static std::unique_ptr<ModelWeights> Bind(const TensorStore& store, const ModelConfig& cfg);
 
   // Repacks every weight the fast CPU kernels read (sets the `packed`
-  // members). Adds about the checkpoint's size in resident memory (the
-  // mapped pages stay mapped; they are clean and the kernel may drop them).
-  // Runs in parallel over layers; returns the bytes allocated.
+  // members and packed_for_cpu). Adds about the checkpoint's size in resident
+  // memory (the mapped pages stay mapped; they are clean and the kernel may
+  // drop them). Each weight is packed in parallel over its tiles; returns the
+  // bytes allocated.
   size_t PackForCpu();
+  bool packed_for_cpu = false;  // the forward pass uses the cpu:: kernels
 };
 
 }  // namespace deepinfer::v41
