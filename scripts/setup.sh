@@ -9,6 +9,7 @@ APT_PACKAGES=(
   libhwy-dev libopenblas-dev libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev
   libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev libzstd-dev libicu-dev
+  libopenmpi-dev openmpi-bin  # MPI scale-out (docs/parallel.md)
   nodejs python3 python3-numpy
   gnuplot-nox  # PNG plots of `deepinfer bench`
 )

@@ -75,6 +75,11 @@ json PromptLogprobsJson(const std::vector<std::optional<LogprobsEntry>>& entries
 
 void RunGenerate(const GenerateOptions& o) {
   const EngineArgs args = o.engine.Resolve();
+  // Under mpirun, ranks > 0 follow the leader's steps (docs/parallel.md).
+  if (IsFollowerRank()) {
+    if (const int rc = RunFollower(args); rc != 0) FollowerExit(rc);
+    return;
+  }
   if (std::filesystem::is_directory(o.prompts))
     Fail(ErrorKind::kInvalidArgument, "--prompts {}: is a directory, expected a JSONL file", o.prompts);
   std::ifstream in(o.prompts);
@@ -209,6 +214,13 @@ void RunGenerate(const GenerateOptions& o) {
   if (!out) Fail(ErrorKind::kInvalidArgument, "--output {}: write failed", o.output);
   const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const EngineStats s = engine->Stats();
+  if (s.dp_requests.size() > 1) {
+    std::string per;
+    for (size_t i = 0; i < s.dp_requests.size(); ++i)
+      per += fmt::format("{}rank {}: {} requests, {} dummy steps", i ? "; " : "", i, s.dp_requests[i], s.dp_dummy_steps[i]);
+    std::fprintf(stderr, "generate: data parallel: %s | %lld prefill steps, %lld decode steps\n", per.c_str(),
+                 static_cast<long long>(s.num_prefill_steps), static_cast<long long>(s.num_decode_steps));
+  }
   size_t errors = 0;
   for (const json& r : results) errors += r.contains("error");
   std::fprintf(stderr,
@@ -218,6 +230,7 @@ void RunGenerate(const GenerateOptions& o) {
                el > 0 ? s.prompt_tokens_total / el : 0.0, static_cast<long long>(s.generation_tokens_total),
                el > 0 ? s.generation_tokens_total / el : 0.0, static_cast<long long>(s.peak_kv_blocks_used),
                static_cast<long long>(s.num_kv_blocks), static_cast<long long>(s.num_preemptions));
+  if (engine->fatal_error()) Fail(ErrorKind::kUnavailable, "{}", *engine->fatal_error());
 }
 
 }  // namespace

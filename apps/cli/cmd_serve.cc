@@ -39,6 +39,11 @@ struct ServeOptions {
 void RunServe(ServeOptions& o) {
   o.engine.args.model = o.model;
   const EngineArgs args = o.engine.Resolve();
+  // Under mpirun, ranks > 0 follow the leader's steps; only rank 0 serves HTTP (docs/parallel.md).
+  if (IsFollowerRank()) {
+    if (const int rc = RunFollower(args); rc != 0) FollowerExit(rc);
+    return;
+  }
   o.server.served_model_names = o.served_model_names.empty() ? std::vector<std::string>{o.model} : o.served_model_names;
   o.server.default_sampling = o.sampling.given;
   o.server.default_thinking = o.thinking;

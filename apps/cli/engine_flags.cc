@@ -85,6 +85,22 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
       ->capture_default_str();
   cmd->add_option("--engram-token-map", f->args.engram_token_map,
                   "int32 file with the Engram compressed token map (default: built from tokenizer.json)");
+  // Scale-out (docs/parallel.md): under mpirun -np N, every rank with the same flags.
+  cmd->add_option("--ep,--expert-parallel-size", f->args.expert_parallel_size,
+                  "Expert parallelism: routed experts split over N ranks (= mpirun -np N)")
+      ->capture_default_str();
+  cmd->add_option("--dp,--data-parallel-size", f->args.data_parallel_size,
+                  "Data-parallel attention over N ranks (1 or --ep N)")
+      ->capture_default_str();
+  cmd->add_option("--prefill-attempt-interval", f->args.prefill_attempt_interval,
+                  "With --dp: decode steps between prefill attempts while only some ranks have prompts")
+      ->capture_default_str();
+  cmd->add_option("--dp-moe-exchange", f->args.dp_moe_exchange,
+                  "With --dp: auto (decode steps use the static all-gather path) | general (always all-to-all)")
+      ->capture_default_str();
+  cmd->add_option("--distributed-timeout", f->args.distributed_timeout_s,
+                  "Seconds a collective may wait for its peers before the job fails (0 = forever)")
+      ->capture_default_str();
 }
 
 void AddSamplingFlags(CLI::App* cmd, SamplingFlags* f) {

@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "commands.h"
+#include "parallel/communicator.h"
 
 namespace deepinfer::cli {
 
@@ -17,7 +18,27 @@ void RegisterVersion(CLI::App& app) {
   cmd->callback([] { std::printf("deepinfer 0.1.0\n"); });
 }
 
+void FollowerExit(int rc) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(rc);
+}
+
 }  // namespace deepinfer::cli
+
+namespace {
+// An error on a rank of a parallel job: the other ranks may be waiting for
+// this one in a collective, so the whole job ends (MPI_Abort) rather than hang.
+int ErrorExit(const char* what) {
+  std::fprintf(stderr, "error: %s\n", what);
+  if (deepinfer::WorldIsMpi()) {
+    std::fflush(stderr);
+    if (deepinfer::WorldIsBroken()) std::_Exit(2);  // a peer is gone already
+    deepinfer::AbortWorld(2);
+  }
+  return 2;
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   deepinfer::InitLogging();
@@ -42,11 +63,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s (run with --help for usage)\n", e.what());
     return 2;
   } catch (const deepinfer::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
+    return ErrorExit(e.what());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
+    return ErrorExit(e.what());
   }
+  deepinfer::ShutdownWorld();
   return 0;
 }

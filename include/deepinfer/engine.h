@@ -48,6 +48,15 @@ struct EngineArgs {
   int64_t max_logprobs = 20;               // --max-logprobs
   LogprobsMode logprobs_mode = LogprobsMode::kRawLogprobs;  // --logprobs-mode
   std::string engram_token_map;            // optional int32 file overriding the map built from tokenizer.json
+  // Scale-out over MPI (docs/parallel.md). Run under `mpirun -np N`; every
+  // rank gets the same arguments.
+  int expert_parallel_size = 1;            // --ep N: routed experts (and Engram rows) split over N ranks
+  int data_parallel_size = 1;              // --dp N: attention data-parallel over N ranks (needs --ep N)
+  int64_t prefill_attempt_interval = 1;    // --prefill-attempt-interval: decode steps between prefill
+                                           // attempts while only some DP ranks have prompts
+  std::string dp_moe_exchange = "auto";    // --dp-moe-exchange auto|general: decode steps use the static
+                                           // path (auto) or the general all-to-all path like prefill
+  double distributed_timeout_s = 600;      // --distributed-timeout: a collective waiting this long fails
 };
 
 struct GenerateRequest {
@@ -110,6 +119,11 @@ struct EngineStats {
   int64_t num_preemptions = 0;
   int64_t num_steps = 0;
   int64_t num_finished = 0;
+  // Data parallelism (one entry per DP rank; one entry without DP):
+  std::vector<int64_t> dp_requests;     // requests assigned to each rank
+  std::vector<int64_t> dp_dummy_steps;  // steps each rank ran padding rows only
+  int64_t num_prefill_steps = 0;        // DP steps voted prefill-shaped
+  int64_t num_decode_steps = 0;         // DP steps voted decode-shaped (static MoE path)
 };
 
 class Engine {
@@ -134,12 +148,29 @@ class Engine {
   const Tokenizer* tokenizer() const;  // nullptr if the model directory has none
   int64_t vocab_size() const;
   const std::string& model_type() const;  // config.json model_type, e.g. "deepseek_v41"
+  // Set when a rank of the parallel job was lost: every request failed with
+  // finish_reason "error" and Submit throws Error(kUnavailable) (HTTP 503).
+  const std::optional<std::string>& fatal_error() const;
 
   struct Impl;
 
  private:
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+// Parallel jobs (docs/parallel.md). Under `mpirun -np N` rank 0 is the
+// leader: Engine::Open there returns an engine whose steps run on every rank.
+// The other ranks call RunFollower with the same arguments: it loads this
+// rank's share of the model, then runs the leader's steps until the leader
+// stops (returns 0) or a rank is lost (logs the error naming the rank and
+// returns 1). Open / RunFollower throw Error(kInvalidArgument) for
+// unsupported combinations, naming the flags (--ep / --dp and the rank count).
+bool IsFollowerRank();  // this process is rank > 0 of an MPI job
+int RunFollower(const EngineArgs& args);
+// Weight bytes this rank holds (for the start-up log and the benchmark).
+struct RankWeightBytes {
+  int64_t routed_experts = 0, engram_rows = 0, replicated = 0, packed = 0;
 };
 
 }  // namespace deepinfer

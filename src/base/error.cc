@@ -10,6 +10,7 @@ const char* ErrorKindName(ErrorKind kind) {
     case ErrorKind::kOutOfRange: return "out_of_range";
     case ErrorKind::kResourceExhausted: return "resource_exhausted";
     case ErrorKind::kInternal: return "internal";
+    case ErrorKind::kUnavailable: return "unavailable";
   }
   return "unknown";
 }

@@ -25,6 +25,7 @@ enum class ErrorKind {
   kOutOfRange,       // index/offset/length past a limit
   kResourceExhausted,// out of KV blocks, memory
   kInternal,         // a bug: an invariant that should hold did not
+  kUnavailable,      // a peer rank of a parallel job is gone (parallel/communicator.h)
 };
 
 const char* ErrorKindName(ErrorKind kind);

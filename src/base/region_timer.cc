@@ -30,7 +30,7 @@ void Charge(int region, int64_t now) {
 
 const char* RegionName(Region r) {
   static const char* const kNames[kN] = {"embed",   "mhc",    "norm", "attention", "attention_core",
-                                         "compressor", "indexer", "router", "moe", "head"};
+                                         "compressor", "indexer", "router", "moe", "head", "collective"};
   const int i = static_cast<int>(r);
   return i >= 0 && i < kN ? kNames[i] : "?";
 }

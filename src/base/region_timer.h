@@ -25,6 +25,7 @@ enum class Region : int {
   kRouter,      // MoE gate and top-k
   kMoe,         // routed + shared experts and the combine
   kHead,        // final collapse, norm and LM head
+  kCollective,  // waiting in a collective of the parallel runtime (parallel/communicator.h)
   kCount
 };
 const char* RegionName(Region r);

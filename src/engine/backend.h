@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/error.h"
 #include "model/config.h"
 #include "model/state.h"
 
@@ -21,7 +22,13 @@ struct BackendSeq {
   bool want_logits = false;         // return logits of the chunk's last token
   bool all_logits = false;          // return logits of EVERY token of the chunk (len rows; the
                                     // last is the want_logits row); used for prompt_logprobs
+  bool reset_state = false;         // the slot was newly assigned: its fixed-kind state rows are
+                                    // zeroed before the call. The engine zeroes its own pool; a
+                                    // parallel backend tells the ranks that hold replicas.
 };
+
+// Number of logits rows a chunk returns (backend.h's layout).
+inline int64_t LogitsRows(const BackendSeq& s) { return s.all_logits ? s.len : s.want_logits ? 1 : 0; }
 
 class ModelBackend {
  public:
@@ -37,6 +44,20 @@ class ModelBackend {
   // sequences in the call, nor on all_logits, nor on how the sequence is
   // chunked. Throws deepinfer::Error on failure.
   virtual void Forward(const std::vector<BackendSeq>& seqs, std::vector<float>* logits) = 0;
+
+  // Data parallelism (docs/parallel.md): the number of shards whose batches
+  // one step runs together (1 = none). With D > 1 the engine keeps one
+  // scheduler and block space per shard and calls ForwardShards every step
+  // with D batches (an idle shard gets padding rows), each addressed in its
+  // own rank's pool; `decode_step` says every batch is decode-shaped and
+  // padded to the same number of one-token rows. logits[i] receives batch
+  // i's rows in Forward's layout. Same row-independence rule as Forward.
+  virtual int data_parallel_size() const { return 1; }
+  virtual void ForwardShards(const std::vector<std::vector<BackendSeq>>& shards, bool decode_step,
+                             std::vector<std::vector<float>>* logits) {
+    DI_CHECK(shards.size() == 1 && logits->size() == 1);
+    Forward(shards[0], &(*logits)[0]);
+  }
 };
 
 }  // namespace deepinfer

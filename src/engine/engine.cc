@@ -14,6 +14,8 @@
 #include "base/parallel.h"
 #include "cache/cache_pool.h"
 #include "engine/backend.h"
+#include "engine/parallel_runner.h"
+#include "parallel/communicator.h"
 #include "scheduler/scheduler.h"
 #include "sampling/stop_checker.h"
 #include "tokenizer/detokenizer.h"
@@ -28,6 +30,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 
 struct RequestRecord {
   uint64_t id = 0;
+  int shard = 0;  // data-parallel shard (scheduler) that owns the request
   std::string request_id;
   SamplingParams params;
   std::unique_ptr<SamplingState> sampling;
@@ -56,12 +59,23 @@ struct RequestRecord {
   bool has_pending = false;
 };
 
+// One data-parallel shard: its scheduler and block space. Shard 0's state
+// lives in this process's pool; shard i > 0's in rank i's (docs/parallel.md).
+struct EngineShard {
+  std::unique_ptr<Scheduler> scheduler;
+  int64_t requests = 0;     // requests assigned so far
+  int64_t dummy_steps = 0;  // steps it ran padding rows only (lockstep)
+};
+
 struct Engine::Impl {
   EngineArgs args;
   std::unique_ptr<ModelBackend> backend;
   std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<CachePool> pool;
-  std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<CachePool> pool;  // this process's pool: shard 0's
+  std::vector<EngineShard> shards;
+  Scheduler& Sched(const RequestRecord& r) { return *shards[static_cast<size_t>(r.shard)].scheduler; }
+  int64_t decode_steps_since_prefill = 0;
+  std::optional<std::string> fatal;  // a rank of the parallel job was lost: the engine serves nothing more
   std::unique_ptr<Sampler> sampler;
   std::vector<int32_t> eos_ids;
   std::map<uint64_t, std::unique_ptr<RequestRecord>> requests;
@@ -142,7 +156,8 @@ bool NeedsPromptRows(const RequestRecord& r, const ScheduledSeq& q) { return !Pr
 // Converts this step's prompt rows into prompt_logprobs entries right away (the
 // rows are not kept): entries are appended to each request in position order;
 // a failure (NaN logits) fails that request only.
-void ComputePromptLogprobs(Engine::Impl& m, const StepPlan& plan, const std::vector<BackendSeq>& seqs,
+void ComputePromptLogprobs(Engine::Impl& m, const Scheduler& sched, const std::vector<float>& logits,
+                           const StepPlan& plan, const std::vector<BackendSeq>& seqs,
                            const std::vector<int64_t>& row0, std::vector<std::optional<std::string>>* row_error) {
   struct Task {
     size_t seq;
@@ -164,10 +179,10 @@ void ComputePromptLogprobs(Engine::Impl& m, const StepPlan& plan, const std::vec
     const ScheduledSeq& q = plan.seqs[k.seq];
     try {
       const RequestRecord& r = *m.requests.at(q.id);
-      const SeqState* st = m.scheduler->Get(q.id);
+      const SeqState* st = sched.Get(q.id);
       const int64_t row = row0[k.seq] + (k.entry - 1 - q.start);
       entries[static_cast<size_t>(t)] = m.sampler->PromptLogprobs(
-          std::span<const float>(m.logits.data() + row * vocab, static_cast<size_t>(vocab)),
+          std::span<const float>(logits.data() + row * vocab, static_cast<size_t>(vocab)),
           st->token_ids[static_cast<size_t>(k.entry)], *r.params.prompt_logprobs);
     } catch (const std::exception& e) {
       errors[static_cast<size_t>(t)] = fmt::format("prompt_logprobs at prompt position {}: {}", k.entry, e.what());
@@ -203,18 +218,7 @@ std::unique_ptr<Engine> Engine::OpenWithBackend(const EngineArgs& args, std::uni
   if (args.max_model_len < 2) Fail(ErrorKind::kInvalidArgument, "--max-model-len must be >= 2, got {}", args.max_model_len);
   if (args.block_size < 1) Fail(ErrorKind::kInvalidArgument, "--block-size must be >= 1, got {}", args.block_size);
   StateGeometry geometry = impl->backend->Geometry(args.block_size);
-  const int64_t blocks_per_seq = (args.max_model_len + args.block_size - 1) / args.block_size;
-  int64_t num_blocks = args.num_kv_blocks;
-  if (num_blocks <= 0) {
-    if (args.kv_cache_memory_bytes > 0) {
-      num_blocks = CachePool::BlocksThatFit(geometry, args.kv_cache_memory_bytes, args.max_num_seqs);
-      if (num_blocks < 1)
-        Fail(ErrorKind::kInvalidArgument, "--kv-cache-memory {} bytes is too small: the fixed per-sequence state alone needs {} bytes",
-             args.kv_cache_memory_bytes, CachePool::BytesFor(geometry, 1, args.max_num_seqs));
-    } else {
-      num_blocks = blocks_per_seq * args.max_num_seqs;
-    }
-  }
+  const int64_t num_blocks = KvBlocksFor(args, geometry);
   SchedulerConfig sc;
   sc.max_num_seqs = args.max_num_seqs;
   sc.max_num_batched_tokens = args.max_num_batched_tokens;
@@ -224,7 +228,10 @@ std::unique_ptr<Engine> Engine::OpenWithBackend(const EngineArgs& args, std::uni
   sc.prefill_token_buckets = args.prefill_token_buckets;
   sc.decode_batch_buckets = args.decode_batch_buckets;
   sc.prompt_as_decode_max_tokens = args.prompt_as_decode_max_tokens;
-  impl->scheduler = std::make_unique<Scheduler>(sc);
+  const int dp = impl->backend->data_parallel_size();
+  if (dp < 1) Fail(ErrorKind::kInternal, "backend data_parallel_size {} < 1", dp);
+  impl->shards.resize(static_cast<size_t>(dp));
+  for (EngineShard& sh : impl->shards) sh.scheduler = std::make_unique<Scheduler>(sc);
   impl->pool = std::make_unique<CachePool>(geometry, num_blocks, args.max_num_seqs);
   impl->eos_ids = {static_cast<int32_t>(cfg.eos_token_id)};
   SamplerConfig samp;
@@ -244,7 +251,8 @@ const Tokenizer* Engine::tokenizer() const { return impl_->tokenizer.get(); }
 int64_t Engine::vocab_size() const { return impl_->backend->vocab_size(); }
 const std::string& Engine::model_type() const { return impl_->backend->config().model_type; }
 bool Engine::HasUnfinished() const {
-  if (impl_->scheduler->has_unfinished()) return true;
+  for (const EngineShard& sh : impl_->shards)
+    if (sh.scheduler->has_unfinished()) return true;
   for (const auto& [id, r] : impl_->requests)
     if (r->has_pending) return true;
   return false;
@@ -252,16 +260,25 @@ bool Engine::HasUnfinished() const {
 
 EngineStats Engine::Stats() const {
   EngineStats s = impl_->stats;
-  s.num_running = impl_->scheduler->num_running();
-  s.num_waiting = impl_->scheduler->num_waiting();
-  s.num_kv_blocks_used = impl_->scheduler->blocks().num_used_blocks();
-  s.peak_kv_blocks_used = impl_->scheduler->blocks().peak_used_blocks();
+  s.num_kv_blocks = 0;
+  for (const EngineShard& sh : impl_->shards) {
+    s.num_running += sh.scheduler->num_running();
+    s.num_waiting += sh.scheduler->num_waiting();
+    s.num_kv_blocks += sh.scheduler->blocks().num_blocks();
+    s.num_kv_blocks_used += sh.scheduler->blocks().num_used_blocks();
+    s.peak_kv_blocks_used += sh.scheduler->blocks().peak_used_blocks();
+    s.dp_requests.push_back(sh.requests);
+    s.dp_dummy_steps.push_back(sh.dummy_steps);
+  }
   return s;
 }
+
+const std::optional<std::string>& Engine::fatal_error() const { return impl_->fatal; }
 
 uint64_t Engine::Submit(const GenerateRequest& req) {
   Impl& m = *impl_;
   const std::string label = req.request_id.empty() ? std::string("request") : "request " + req.request_id;
+  if (m.fatal) Fail(ErrorKind::kUnavailable, "{}: the engine is down: {}", label, *m.fatal);
   if (req.prompt.has_value() == req.prompt_token_ids.has_value())
     Fail(ErrorKind::kInvalidArgument, "{}: give exactly one of prompt and prompt_token_ids", label);
   std::vector<int32_t> ids;
@@ -310,7 +327,16 @@ uint64_t Engine::Submit(const GenerateRequest& req) {
     rec->detok->Prime(std::span<const int32_t>(ids.data() + ids.size() - tail, tail));
   }
   const int64_t max_tokens = req.params.max_tokens.value_or(m.args.max_model_len - n);
-  m.scheduler->Add(rec->id, std::move(ids), max_tokens);  // throws before anything is recorded
+  // Data parallelism: the least-loaded shard (fewest running + waiting; ties: lowest index).
+  int best = 0;
+  for (int i = 1; i < static_cast<int>(m.shards.size()); ++i) {
+    const Scheduler& a = *m.shards[static_cast<size_t>(i)].scheduler;
+    const Scheduler& b = *m.shards[static_cast<size_t>(best)].scheduler;
+    if (a.num_running() + a.num_waiting() < b.num_running() + b.num_waiting()) best = i;
+  }
+  rec->shard = best;
+  m.Sched(*rec).Add(rec->id, std::move(ids), max_tokens);  // throws before anything is recorded
+  ++m.shards[static_cast<size_t>(best)].requests;
   m.requests[rec->id] = std::move(rec);
   return m.next_id++;
 }
@@ -319,161 +345,264 @@ void Engine::Abort(uint64_t id) {
   Impl& m = *impl_;
   auto it = m.requests.find(id);
   if (it == m.requests.end() || it->second->finished) return;
-  m.scheduler->Abort(id, SeqFinishReason::kAbort);
+  m.Sched(*it->second).Abort(id, SeqFinishReason::kAbort);
   m.FinishRecord(*it->second, "abort");
 }
 
+namespace {
+
+// One shard's part of a step: its plan and the batch metadata of its chunks.
+struct ShardStep {
+  StepPlan plan;
+  std::vector<BackendSeq> seqs;   // plan.seqs in order, then padding rows
+  std::vector<int32_t> pad_tokens;
+  std::vector<int32_t> scratch;   // block table of padding rows: the scratch block
+  std::vector<int64_t> row0;      // per plan seq: first logits row, -1 if none
+  int64_t num_rows = 0;
+  bool any_all_logits = false;
+  std::vector<std::optional<std::string>> row_error;
+};
+
+// Batch metadata of a shard's plan (shard 0 addresses this process's pool;
+// another shard's views carry only slot and block ids, for its rank).
+void BuildShardStep(Engine::Impl& m, int shard, ShardStep* st, int64_t pad_seqs_to) {
+  Scheduler& sched = *m.shards[static_cast<size_t>(shard)].scheduler;
+  const StepPlan& plan = st->plan;
+  const bool local = shard == 0;
+  auto view = [&](int32_t slot, const int32_t* table, int64_t nb) {
+    if (local) return m.pool->View(slot, table, nb);
+    SequenceStateView v;
+    v.slot = slot;
+    v.block_table = table;
+    v.num_blocks = nb;
+    return v;
+  };
+  st->seqs.reserve(plan.seqs.size() + static_cast<size_t>(std::max<int64_t>(pad_seqs_to, plan.num_padding_seqs)) + 1);
+  for (const ScheduledSeq& q : plan.seqs) {
+    const SeqState* ss = sched.Get(q.id);
+    if (q.fresh_slot && local) m.pool->ResetSlot(ss->slot);
+    BackendSeq b;
+    b.tokens = ss->token_ids.data() + q.start;
+    b.len = q.len;
+    b.start_pos = q.start;
+    b.state = view(ss->slot, ss->block_table.data(), static_cast<int64_t>(ss->block_table.size()));
+    b.want_logits = q.sample;
+    b.all_logits = NeedsPromptRows(*m.requests.at(q.id), q);
+    b.reset_state = q.fresh_slot;
+    st->seqs.push_back(b);
+    if (q.start < ss->num_prompt_tokens)
+      m.stats.prompt_tokens_total += std::min(q.start + q.len, ss->num_prompt_tokens) - q.start;
+  }
+  // Padding rows (bucket padding, or lockstep rows of an idle shard) write only to the scratch block/slot.
+  const int32_t scratch_slot = sched.blocks().scratch_slot();
+  const int64_t pad_seqs = std::max<int64_t>(plan.num_padding_seqs, pad_seqs_to - static_cast<int64_t>(plan.seqs.size()));
+  const int64_t nb_tokens = plan.num_padding_tokens > 0 ? (plan.num_padding_tokens + m.args.block_size - 1) / m.args.block_size : 0;
+  st->scratch.assign(static_cast<size_t>(std::max<int64_t>(nb_tokens, 1)), sched.blocks().scratch_block());
+  st->pad_tokens.assign(static_cast<size_t>(std::max<int64_t>(plan.num_padding_tokens, 1)), 0);
+  if (plan.num_padding_tokens > 0) {
+    BackendSeq b;
+    b.tokens = st->pad_tokens.data();
+    b.len = plan.num_padding_tokens;
+    b.state = view(scratch_slot, st->scratch.data(), nb_tokens);
+    st->seqs.push_back(b);
+  }
+  for (int64_t i = 0; i < pad_seqs; ++i) {
+    BackendSeq b;
+    b.tokens = st->pad_tokens.data();
+    b.len = 1;
+    b.state = view(scratch_slot, st->scratch.data(), 1);
+    st->seqs.push_back(b);
+  }
+  st->row0.assign(plan.seqs.size(), -1);
+  st->row_error.assign(plan.seqs.size(), std::nullopt);
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const int64_t n = LogitsRows(st->seqs[i]);
+    if (n > 0) st->row0[i] = st->num_rows;
+    st->num_rows += n;
+    if (st->seqs[i].all_logits) st->any_all_logits = true;
+  }
+}
+
+// Sampling, stop handling and outputs of one shard after the forward.
+void FinishShardStep(Engine::Impl& m, Scheduler& sched, ShardStep& st, std::vector<float>& logits) {
+  const StepPlan& plan = st.plan;
+  const std::vector<BackendSeq>& seqs = st.seqs;
+  auto& row_error = st.row_error;
+  std::vector<int32_t> sampled(plan.seqs.size(), -1);
+  const int64_t vocab = m.backend->vocab_size();
+  if (st.any_all_logits) ComputePromptLogprobs(m, sched, logits, plan, seqs, st.row0, &row_error);
+  // Sample every row that wants a token.
+  std::vector<const SamplingState*> states;
+  std::vector<size_t> rows;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    if (!plan.seqs[i].sample || row_error[i]) continue;
+    states.push_back(m.requests.at(plan.seqs[i].id)->sampling.get());
+    rows.push_back(i);
+  }
+  std::vector<SampleOutcome> outcomes;
+  if (!states.empty()) {
+    if (!st.any_all_logits) {
+      // One logits row per sampling seq, in plan order.
+      outcomes = m.sampler->SampleBatch(logits.data(), vocab, states);
+    } else {
+      // Prompt rows are interleaved: gather each sampling seq's last row.
+      m.sample_rows.resize(rows.size() * static_cast<size_t>(vocab));
+      for (size_t k = 0; k < rows.size(); ++k) {
+        const size_t i = rows[k];
+        const int64_t row = st.row0[i] + (seqs[i].all_logits ? seqs[i].len - 1 : 0);
+        std::copy_n(logits.data() + row * vocab, vocab, m.sample_rows.data() + k * vocab);
+      }
+      outcomes = m.sampler->SampleBatch(m.sample_rows.data(), vocab, states);
+    }
+  }
+  for (size_t k = 0; k < rows.size(); ++k) {
+    if (outcomes[k].ok()) sampled[rows[k]] = outcomes[k].result.token_id;
+    else row_error[rows[k]] = outcomes[k].error->what();
+  }
+  // Failed rows: finish those requests only (before Update, so no token is appended).
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    if (!row_error[i]) continue;
+    RequestRecord& r = *m.requests.at(plan.seqs[i].id);
+    sched.Finish(r.id, SeqFinishReason::kError);
+    m.FinishRecord(r, "error", *row_error[i]);
+  }
+  sched.Update(plan, sampled);
+  // prompt_logprobs complete: report them once, now (again in the finished output).
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    if (row_error[i]) continue;
+    RequestRecord& r = *m.requests.at(plan.seqs[i].id);
+    if (r.finished || !r.wants_prompt_logprobs || r.prompt_logprobs_emitted || !r.prompt_logprobs_done()) continue;
+    m.Pending(r).prompt_logprobs = r.prompt_logprobs;
+    r.prompt_logprobs_emitted = true;
+  }
+  const auto now = Clock::now();
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const size_t i = rows[k];
+    if (row_error[i]) continue;
+    RequestRecord& r = *m.requests.at(plan.seqs[i].id);
+    if (r.finished) continue;
+    const int32_t tok = sampled[i];
+    r.sampling->Accept(tok);
+    r.output_ids.push_back(tok);
+    ++m.stats.generation_tokens_total;
+    if (!r.first_token) r.first_token = now;
+    RequestOutput& o = m.Pending(r);
+    o.new_token_ids.push_back(tok);
+    if (outcomes[k].result.logprobs) {
+      o.new_logprobs.push_back(*outcomes[k].result.logprobs);
+      r.logprobs.push_back(*outcomes[k].result.logprobs);
+    }
+    const SeqState* ss = sched.Get(r.id);
+    const TokenStop ts = CheckTokenStop(r.params, m.eos_ids, tok, static_cast<int64_t>(r.output_ids.size()),
+                                        static_cast<int64_t>(ss->token_ids.size()), m.args.max_model_len);
+    // Text: the stop token itself (EOS or a stop_token_ids entry) is not shown.
+    if (r.detok && ts.reason != FinishReason::kStop) {
+      StopUpdate up = r.stop->Append(r.detok->Push(tok), static_cast<int64_t>(r.output_ids.size()));
+      m.EmitText(r, up.text);
+      if (up.stopped) {
+        r.stop_reason = r.params.stop[up.stop_index];
+        sched.Finish(r.id, SeqFinishReason::kStop);
+        m.FinishRecord(r, "stop");
+        continue;
+      }
+    }
+    if (ts.reason == FinishReason::kStop) {
+      if (ts.stop_token_id) r.stop_reason = static_cast<int64_t>(*ts.stop_token_id);
+      sched.Finish(r.id, SeqFinishReason::kStop);
+      m.FinishRecord(r, "stop");
+    } else if (ts.reason == FinishReason::kLength || ss->status == RequestStatus::kFinished) {
+      sched.Finish(r.id, SeqFinishReason::kLength);
+      m.FinishRecord(r, "length");
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<RequestOutput> Engine::Step() {
   Impl& m = *impl_;
-  StepPlan plan = m.scheduler->Schedule();
-  m.stats.num_preemptions += static_cast<int64_t>(plan.preempted.size());
-  if (!plan.empty()) {
-    ++m.stats.num_steps;
-    // Batch metadata: one BackendSeq per scheduled chunk, then padding rows on the scratch block/slot.
-    std::vector<BackendSeq> seqs;
-    seqs.reserve(plan.seqs.size() + plan.num_padding_seqs + 1);
-    for (const ScheduledSeq& q : plan.seqs) {
-      const SeqState* st = m.scheduler->Get(q.id);
-      if (q.fresh_slot) m.pool->ResetSlot(st->slot);
-      BackendSeq b;
-      b.tokens = st->token_ids.data() + q.start;
-      b.len = q.len;
-      b.start_pos = q.start;
-      b.state = m.pool->View(st->slot, st->block_table.data(), static_cast<int64_t>(st->block_table.size()));
-      b.want_logits = q.sample;
-      b.all_logits = NeedsPromptRows(*m.requests.at(q.id), q);
-      seqs.push_back(b);
-      if (q.start < st->num_prompt_tokens) m.stats.prompt_tokens_total += std::min(q.start + q.len, st->num_prompt_tokens) - q.start;
-    }
-    static const std::vector<int32_t> kPadTokens(1, 0);
-    std::vector<int32_t> pad_tokens;
-    const int32_t scratch_slot = m.scheduler->blocks().scratch_slot();
-    if (plan.num_padding_tokens > 0) {
-      pad_tokens.assign(plan.num_padding_tokens, 0);
-      const int64_t nb = (plan.num_padding_tokens + m.args.block_size - 1) / m.args.block_size;
-      BackendSeq b;
-      b.tokens = pad_tokens.data();
-      b.len = plan.num_padding_tokens;
-      b.state = m.pool->View(scratch_slot, m.pool->ScratchTable(nb), nb);
-      seqs.push_back(b);
-    }
-    for (int i = 0; i < plan.num_padding_seqs; ++i) {
-      BackendSeq b;
-      b.tokens = kPadTokens.data();
-      b.len = 1;
-      b.state = m.pool->View(scratch_slot, m.pool->ScratchTable(1), 1);
-      seqs.push_back(b);
-    }
-    std::vector<int32_t> sampled(plan.seqs.size(), -1);
-    std::vector<std::optional<std::string>> row_error(plan.seqs.size());
-    const int64_t vocab = m.backend->vocab_size();
-    // Logits row layout (backend.h): len rows for an all_logits seq, one for a sampling seq.
-    std::vector<int64_t> row0(plan.seqs.size(), -1);
-    int64_t num_rows = 0;
-    bool any_all_logits = false;
-    for (size_t i = 0; i < plan.seqs.size(); ++i) {
-      if (seqs[i].all_logits) {
-        row0[i] = num_rows;
-        num_rows += seqs[i].len;
-        any_all_logits = true;
-      } else if (seqs[i].want_logits) {
-        row0[i] = num_rows;
-        num_rows += 1;
+  const int D = static_cast<int>(m.shards.size());
+  if (!m.fatal) {
+    // Data-parallel lockstep (docs/parallel.md): every shard runs every step;
+    // the step is prefill-shaped when some shard has prefill work and either
+    // no shard is only decoding or --prefill-attempt-interval decode steps
+    // have passed; otherwise it is a decode step for all.
+    bool allow_prefill = true;
+    if (D > 1) {
+      bool any_prefill = false, some_decode_only = false;
+      for (const EngineShard& sh : m.shards) {
+        const bool p = sh.scheduler->HasPrefillWork();
+        any_prefill |= p;
+        if (!p && sh.scheduler->num_running() > 0) some_decode_only = true;
       }
+      allow_prefill = any_prefill && (!some_decode_only || m.decode_steps_since_prefill >= m.args.prefill_attempt_interval);
     }
-    try {
-      m.backend->Forward(seqs, &m.logits);
-      if (static_cast<int64_t>(m.logits.size()) != num_rows * vocab)
-        Fail(ErrorKind::kInternal, "the backend returned {} logits, expected {} rows x vocab {}", m.logits.size(),
-             num_rows, vocab);
-    } catch (const Error& e) {
-      // The model failed for the whole batch: fail every request in it, keep the engine alive.
-      for (size_t i = 0; i < plan.seqs.size(); ++i) row_error[i] = std::string("model forward failed: ") + e.what();
+    std::vector<ShardStep> steps(static_cast<size_t>(D));
+    bool any_work = false;
+    for (int i = 0; i < D; ++i) {
+      steps[i].plan = m.shards[i].scheduler->Schedule(allow_prefill);
+      m.stats.num_preemptions += static_cast<int64_t>(steps[i].plan.preempted.size());
+      any_work |= !steps[i].plan.empty();
     }
-    if (any_all_logits) ComputePromptLogprobs(m, plan, seqs, row0, &row_error);
-    // Sample every row that wants a token.
-    std::vector<const SamplingState*> states;
-    std::vector<size_t> rows;
-    for (size_t i = 0; i < plan.seqs.size(); ++i) {
-      if (!plan.seqs[i].sample || row_error[i]) continue;
-      states.push_back(m.requests.at(plan.seqs[i].id)->sampling.get());
-      rows.push_back(i);
-    }
-    std::vector<SampleOutcome> outcomes;
-    if (!states.empty()) {
-      if (!any_all_logits) {
-        // One logits row per sampling seq, in plan order.
-        outcomes = m.sampler->SampleBatch(m.logits.data(), vocab, states);
-      } else {
-        // Prompt rows are interleaved: gather each sampling seq's last row.
-        m.sample_rows.resize(rows.size() * static_cast<size_t>(vocab));
-        for (size_t k = 0; k < rows.size(); ++k) {
-          const size_t i = rows[k];
-          const int64_t row = row0[i] + (seqs[i].all_logits ? seqs[i].len - 1 : 0);
-          std::copy_n(m.logits.data() + row * vocab, vocab, m.sample_rows.data() + k * vocab);
-        }
-        outcomes = m.sampler->SampleBatch(m.sample_rows.data(), vocab, states);
+    if (any_work) {
+      ++m.stats.num_steps;
+      bool decode_step = true;
+      int64_t width = 0;  // rows per shard in a decode step (the largest padded batch)
+      for (const ShardStep& st : steps) {
+        if (st.plan.empty()) continue;
+        decode_step &= st.plan.decode_shaped;
+        width = std::max<int64_t>(width, static_cast<int64_t>(st.plan.seqs.size()) + st.plan.num_padding_seqs);
       }
-    }
-    for (size_t k = 0; k < rows.size(); ++k) {
-      if (outcomes[k].ok()) sampled[rows[k]] = outcomes[k].result.token_id;
-      else row_error[rows[k]] = outcomes[k].error->what();
-    }
-    // Failed rows: finish those requests only (before Update, so no token is appended).
-    for (size_t i = 0; i < plan.seqs.size(); ++i) {
-      if (!row_error[i]) continue;
-      RequestRecord& r = *m.requests.at(plan.seqs[i].id);
-      m.scheduler->Finish(r.id, SeqFinishReason::kError);
-      m.FinishRecord(r, "error", *row_error[i]);
-    }
-    m.scheduler->Update(plan, sampled);
-    // prompt_logprobs complete: report them once, now (again in the finished output).
-    for (size_t i = 0; i < plan.seqs.size(); ++i) {
-      if (row_error[i]) continue;
-      RequestRecord& r = *m.requests.at(plan.seqs[i].id);
-      if (r.finished || !r.wants_prompt_logprobs || r.prompt_logprobs_emitted || !r.prompt_logprobs_done()) continue;
-      m.Pending(r).prompt_logprobs = r.prompt_logprobs;
-      r.prompt_logprobs_emitted = true;
-    }
-    const auto now = Clock::now();
-    for (size_t k = 0; k < rows.size(); ++k) {
-      const size_t i = rows[k];
-      if (row_error[i]) continue;
-      RequestRecord& r = *m.requests.at(plan.seqs[i].id);
-      if (r.finished) continue;
-      const int32_t tok = sampled[i];
-      r.sampling->Accept(tok);
-      r.output_ids.push_back(tok);
-      ++m.stats.generation_tokens_total;
-      if (!r.first_token) r.first_token = now;
-      RequestOutput& o = m.Pending(r);
-      o.new_token_ids.push_back(tok);
-      if (outcomes[k].result.logprobs) {
-        o.new_logprobs.push_back(*outcomes[k].result.logprobs);
-        r.logprobs.push_back(*outcomes[k].result.logprobs);
-      }
-      const SeqState* st = m.scheduler->Get(r.id);
-      const TokenStop ts = CheckTokenStop(r.params, m.eos_ids, tok, static_cast<int64_t>(r.output_ids.size()),
-                                          static_cast<int64_t>(st->token_ids.size()), m.args.max_model_len);
-      // Text: the stop token itself (EOS or a stop_token_ids entry) is not shown.
-      if (r.detok && ts.reason != FinishReason::kStop) {
-        StopUpdate up = r.stop->Append(r.detok->Push(tok), static_cast<int64_t>(r.output_ids.size()));
-        m.EmitText(r, up.text);
-        if (up.stopped) {
-          r.stop_reason = r.params.stop[up.stop_index];
-          m.scheduler->Finish(r.id, SeqFinishReason::kStop);
-          m.FinishRecord(r, "stop");
-          continue;
+      if (D > 1) {
+        if (decode_step) {
+          ++m.stats.num_decode_steps;
+          ++m.decode_steps_since_prefill;
+        } else {
+          ++m.stats.num_prefill_steps;
+          m.decode_steps_since_prefill = 0;
         }
       }
-      if (ts.reason == FinishReason::kStop) {
-        if (ts.stop_token_id) r.stop_reason = static_cast<int64_t>(*ts.stop_token_id);
-        m.scheduler->Finish(r.id, SeqFinishReason::kStop);
-        m.FinishRecord(r, "stop");
-      } else if (ts.reason == FinishReason::kLength || st->status == RequestStatus::kFinished) {
-        m.scheduler->Finish(r.id, SeqFinishReason::kLength);
-        m.FinishRecord(r, "length");
+      for (int i = 0; i < D; ++i) {
+        if (steps[i].plan.empty()) ++m.shards[i].dummy_steps;
+        // An idle shard runs padding rows so that every collective of the step matches.
+        const int64_t pad_to = D == 1 ? 0 : decode_step ? width : steps[i].plan.empty() ? 1 : 0;
+        BuildShardStep(m, i, &steps[i], pad_to);
       }
+      std::vector<std::vector<BackendSeq>> batches(static_cast<size_t>(D));
+      for (int i = 0; i < D; ++i) batches[i] = steps[i].seqs;
+      std::vector<std::vector<float>> logits(static_cast<size_t>(D));
+      if (D == 1) logits[0].swap(m.logits);
+      const int64_t vocab = m.backend->vocab_size();
+      std::optional<std::string> batch_error;
+      try {
+        m.backend->ForwardShards(batches, decode_step, &logits);
+        for (int i = 0; i < D; ++i)
+          if (static_cast<int64_t>(logits[i].size()) != steps[i].num_rows * vocab)
+            Fail(ErrorKind::kInternal, "the backend returned {} logits for shard {}, expected {} rows x vocab {}",
+                 logits[i].size(), i, steps[i].num_rows, vocab);
+      } catch (const RankLostError& e) {
+        // A rank is gone: nothing can run any more. Fail everything, refuse new requests.
+        m.fatal = e.what();
+        spdlog::error("parallel job lost a rank: {}", e.what());
+        batch_error = std::string("the parallel job lost a rank: ") + e.what();
+      } catch (const Error& e) {
+        // The model failed for the whole batch: fail every request in it, keep the engine alive.
+        batch_error = std::string("model forward failed: ") + e.what();
+      }
+      for (int i = 0; i < D; ++i) {
+        if (batch_error)
+          for (auto& err : steps[i].row_error) err = *batch_error;
+        FinishShardStep(m, *m.shards[i].scheduler, steps[i], logits[i]);
+      }
+      if (D == 1) logits[0].swap(m.logits);
+    }
+  }
+  if (m.fatal) {
+    // Everything still queued or running fails with the reason.
+    for (auto& [id, r] : m.requests) {
+      if (r->finished) continue;
+      m.Sched(*r).Abort(id, SeqFinishReason::kError);
+      m.FinishRecord(*r, "error", "the parallel job lost a rank: " + *m.fatal);
     }
   }
   // Collect pending outputs; forget finished requests once reported.
@@ -485,7 +614,7 @@ std::vector<RequestOutput> Engine::Step() {
       r.has_pending = false;
     }
     if (r.finished) {
-      m.scheduler->Release(r.id);
+      m.Sched(r).Release(r.id);
       it = m.requests.erase(it);
     } else {
       ++it;

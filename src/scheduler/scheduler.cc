@@ -128,7 +128,17 @@ void Scheduler::Release(uint64_t id) {
   seqs_.erase(it);
 }
 
-StepPlan Scheduler::Schedule() {
+bool Scheduler::HasPrefillWork() const {
+  if (!waiting_.empty()) return true;
+  for (uint64_t id : running_) {
+    const SeqState& s = *seqs_.at(id);
+    if (static_cast<int64_t>(s.token_ids.size()) - s.num_computed_tokens > config_.prompt_as_decode_max_tokens)
+      return true;
+  }
+  return false;
+}
+
+StepPlan Scheduler::Schedule(bool allow_prefill) {
   StepPlan plan;
   int64_t budget = config_.max_num_batched_tokens;
   // 1. Running requests, oldest first.
@@ -137,6 +147,7 @@ StepPlan Scheduler::Schedule() {
     const int64_t total = static_cast<int64_t>(s.token_ids.size());
     const int64_t len = std::min(total - s.num_computed_tokens, budget);
     if (len <= 0) { ++i; continue; }
+    if (!allow_prefill && total - s.num_computed_tokens > config_.prompt_as_decode_max_tokens) { ++i; continue; }
     const int64_t extra = BlocksFor(s.num_computed_tokens + len) - static_cast<int64_t>(s.block_table.size());
     bool self_preempted = false;
     while (extra > blocks_.num_free_blocks()) {
@@ -164,7 +175,7 @@ StepPlan Scheduler::Schedule() {
     ++i;
   }
   // 2. Admit waiting requests (not in a step that had to preempt).
-  while (plan.preempted.empty() && budget > 0 && !waiting_.empty() &&
+  while (allow_prefill && plan.preempted.empty() && budget > 0 && !waiting_.empty() &&
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     SeqState& s = Mut(waiting_.front());
     const int64_t total = static_cast<int64_t>(s.token_ids.size());

@@ -98,7 +98,14 @@ class Scheduler {
   // finished ids are ignored. Returns true if something was aborted.
   bool Abort(uint64_t id, SeqFinishReason reason = SeqFinishReason::kAbort);
 
-  StepPlan Schedule();
+  // Plans one step. allow_prefill = false (a data-parallel decode step, see
+  // docs/parallel.md) plans only running requests whose next chunk is at most
+  // prompt_as_decode_max_tokens long and admits nothing, so the step is
+  // decode-shaped; requests it skips keep their place.
+  StepPlan Schedule(bool allow_prefill = true);
+  // Work a prefill-shaped step would do: a waiting request, or a running one
+  // whose next chunk is longer than prompt_as_decode_max_tokens.
+  bool HasPrefillWork() const;
   // Reports the step's results: `sampled[i]` is the token for plan.seqs[i] when
   // it sampled (ignored otherwise). Marks length-finished requests and frees
   // their resources. Requests that should stop for other reasons (EOS, stop

@@ -56,6 +56,8 @@ std::optional<std::string> LeadingField(std::string_view msg) {
 
 ApiError FromLibraryError(const Error& e, std::optional<std::string> param_hint) {
   const bool client = e.kind() == ErrorKind::kInvalidArgument || e.kind() == ErrorKind::kOutOfRange;
+  // A rank of the parallel job is gone: the service is down, not the request wrong.
+  if (e.kind() == ErrorKind::kUnavailable) return ApiError(503, "server_error", e.what(), std::nullopt, "engine_unavailable");
   if (!client) return ApiError(500, "server_error", e.what());
   std::optional<std::string> param = LeadingField(e.what());
   if (!param) param = std::move(param_hint);

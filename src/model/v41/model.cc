@@ -37,6 +37,7 @@
 #include "kernels/ref/ref_math.h"
 #include "kernels/ref/ref_ops.h"
 #include "model/v41/engram.h"
+#include "parallel/sharded_rows.h"
 #include "model/v41/weights.h"
 
 namespace deepinfer::v41 {
@@ -117,9 +118,19 @@ std::unique_ptr<V41Model> V41Model::Load(const std::filesystem::path& model_dir,
     if (c.compress_ratios[l] < 0 || c.compress_ratios[l] > 2)
       Fail(ErrorKind::kInvalidArgument, "{}: layer {} compress ratio {} is not a V4.1 ratio (0, 1, 2)",
            model_dir.string(), l, c.compress_ratios[l]);
+  m->comm_ = options.comm;
+  const int ep = m->comm_ ? m->comm_->size() : 1;
+  const int ep_rank = m->comm_ ? m->comm_->rank() : 0;
+  if (c.n_routed_experts % ep != 0)
+    Fail(ErrorKind::kInvalidArgument, "--ep {} does not divide the model's {} routed experts (n_routed_experts)", ep,
+         c.n_routed_experts);
+  m->shard_ = ExpertShard{static_cast<int>(c.n_routed_experts), ep, ep_rank};
   m->store_ = TensorStore::Open(model_dir);
-  m->w_ = ModelWeights::Bind(*m->store_, c);
-  if (!options.reference_kernels) m->w_->PackForCpu();
+  m->w_ = ModelWeights::Bind(*m->store_, c, ep, ep_rank);
+  if (!options.reference_kernels) m->weight_bytes_.packed = static_cast<int64_t>(m->w_->PackForCpu());
+  m->weight_bytes_.routed_experts = m->w_->bytes.routed_experts;
+  m->weight_bytes_.engram_rows = m->w_->bytes.engram_rows;
+  m->weight_bytes_.replicated = m->w_->bytes.other;
   if (!c.engram_layer_ids.empty()) {
     std::vector<int32_t> map = options.engram_token_map;
     if (map.empty()) {
@@ -149,6 +160,7 @@ class ForwardPass {
       : m_(m), c_(m.cfg_), w_(*m.w_), t_(*m.tables_), b_(b), out_(out) {}
 
   void Run();
+  void ValidateOnly() { Validate(); }
 
  private:
   // Per-row bookkeeping.
@@ -198,6 +210,12 @@ class ForwardPass {
   std::vector<int32_t> dbg_router_idx_;
   std::vector<float> dbg_router_w_;
 };
+
+void V41Model::Validate(const ForwardBatch& batch) {
+  ForwardOutput unused;
+  ForwardPass p(*this, batch, &unused);
+  p.ValidateOnly();
+}
 
 void V41Model::Forward(const ForwardBatch& batch, ForwardOutput* out) {
   if (debug_dump_dir_.empty()) {
@@ -392,14 +410,28 @@ void ForwardPass::Engram(int l) {
   const int cols = eh.cols();
   const int per_row = eh.n_layers() * cols;
   const int64_t ein = static_cast<int64_t>(cols) * hd;
-  // Table rows: E4M3 × UE8M0 per 32 → FP32 → BF16 (ParallelEngramEmbedding).
+  // Table rows (raw E4M3 codes and UE8M0 scales), from the ranks that hold
+  // them when the table is sharded (parallel/sharded_rows.h), then
+  // E4M3 × UE8M0 per 32 → FP32 → BF16 (ParallelEngramEmbedding).
+  const int64_t row_bytes = hd + hd / 32;
+  std::vector<int64_t> ids(static_cast<size_t>(R_ * cols));
+  for (int64_t r = 0; r < R_; ++r)
+    for (int k = 0; k < cols; ++k) ids[r * cols + k] = hash_ids_[r * per_row + slot * cols + k];
+  std::vector<uint8_t> raw(static_cast<size_t>(R_ * cols * row_bytes));
+  FetchShardedRows(
+      m_.comm_, b_.exchange, G.rows, ids.data(), R_ * cols, row_bytes,
+      [&](int64_t row, uint8_t* dst) {
+        DI_CHECK(row >= G.row_begin && row < G.row_end);
+        std::memcpy(dst, G.table + row * hd, static_cast<size_t>(hd));
+        std::memcpy(dst + hd, G.table_scale + row * (hd / 32), static_cast<size_t>(hd / 32));
+      },
+      raw.data());
   std::vector<float> e(static_cast<size_t>(R_ * ein));
   for (int64_t r = 0; r < R_; ++r)
     for (int k = 0; k < cols; ++k) {
-      const int64_t row = hash_ids_[r * per_row + slot * cols + k];
+      const uint8_t* q = raw.data() + (r * cols + k) * row_bytes;
       for (int64_t i = 0; i < hd; ++i)
-        e[r * ein + k * hd + i] =
-            RoundBf16(E4M3ToFloat(G.table[row * hd + i]) * E8M0ToFloat(G.table_scale[row * (hd / 32) + i / 32]));
+        e[r * ein + k * hd + i] = RoundBf16(E4M3ToFloat(q[i]) * E8M0ToFloat(q[hd + i / 32]));
     }
   std::vector<float> kv(static_cast<size_t>(R_ * (hc + 1) * d));
   Linear(e.data(), R_, G.wkv, c_.act_block_size, kv.data());
@@ -816,7 +848,6 @@ void ForwardPass::Moe(int l, const float* x, float* v) {
   const MoeWeights& F = w_.layers[l].ffn;
   const int64_t n = R_, d = c_.dim, I = c_.moe_inter_dim;
   const int k = c_.n_activated_experts;
-  const int E = c_.n_routed_experts;
   const int ab = c_.act_block_size;
   const float lim = c_.swiglu_limit;
   std::vector<int32_t> idx(n * k);
@@ -852,36 +883,18 @@ void ForwardPass::Moe(int l, const float* x, float* v) {
     if (w2) Linear(gt.data(), m, *w2, ab, out);
     else Linear(gt.data(), m, *s2, ab, out);
   };
-  // Rows per expert (in row order), then the experts' SwiGLUs in parallel
-  // (each on one thread; the kernels inside run on that thread), then the
-  // combine in increasing expert id, as the reference sums.
-  std::vector<std::vector<int64_t>> rows(E);
-  std::vector<std::vector<float>> rws(E);
-  for (int64_t r = 0; r < n; ++r)
-    for (int t = 0; t < k; ++t) {
-      const int e = idx[r * k + t];
-      rows[e].push_back(r);
-      rws[e].push_back(wts[r * k + t]);
-    }
-  std::vector<int> active;
-  for (int e = 0; e < E; ++e)
-    if (!rows[e].empty()) active.push_back(e);
-  std::vector<std::vector<float>> outs(E);
-#pragma omp parallel for schedule(dynamic, 1) if(active.size() > 1)
-  for (size_t a = 0; a < active.size(); ++a) {
-    const int e = active[a];
-    const int64_t m = static_cast<int64_t>(rows[e].size());
-    std::vector<float> xin(m * d);
-    outs[e].resize(m * d);
-    for (int64_t i = 0; i < m; ++i) std::memcpy(xin.data() + i * d, x + rows[e][i] * d, d * sizeof(float));
-    const ExpertWeights& ew = F.experts[e];
-    swiglu(xin.data(), m, &ew.w1, &ew.w3, &ew.w2, nullptr, nullptr, nullptr, rws[e].data(), outs[e].data());
-  }
-  for (const int e : active) {
-    const std::vector<float>& out = outs[e];
-    for (size_t i = 0; i < rows[e].size(); ++i)
-      for (int64_t c = 0; c < d; ++c) y[rows[e][i] * d + c] += out[i * d + c];
-  }
+  // Routed experts: each on its owner rank (one process: all local), the
+  // experts' SwiGLUs in parallel (each on one thread; the kernels inside run
+  // on that thread), then per row the combine in increasing expert id, as
+  // the reference sums (parallel/expert_parallel.h).
+  RoutedExperts(
+      m_.comm_, b_.exchange, m_.shard_, x, n, d, idx.data(), wts.data(), k,
+      [&](int e, const float* xin, int64_t m, const float* rw, float* out) {
+        const ExpertWeights& ew = F.experts[e];
+        DI_CHECK(ew.bound);
+        swiglu(xin, m, &ew.w1, &ew.w3, &ew.w2, nullptr, nullptr, nullptr, rw, out);
+      },
+      y.data());
   std::vector<float> sh(n * d);
   swiglu(x, n, nullptr, nullptr, nullptr, &F.shared_w1, &F.shared_w3, &F.shared_w2, nullptr, sh.data());
   for (int64_t i = 0; i < n * d; ++i) v[i] = RoundBf16(y[i] + sh[i]);

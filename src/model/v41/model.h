@@ -38,6 +38,8 @@
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "model/state.h"
+#include "parallel/communicator.h"
+#include "parallel/expert_parallel.h"
 
 namespace deepinfer::v41 {
 
@@ -62,6 +64,12 @@ struct V41Options {
   // operators. true: the scalar reference operators only (the test oracle;
   // no extra memory, no load-time repacking).
   bool reference_kernels = false;
+  // Expert parallelism (docs/parallel.md): with a communicator of N > 1 ranks
+  // this rank binds and packs only its routed experts (contiguous 1/N of
+  // them; N must divide n_routed_experts) and reads only its 1/N of each
+  // Engram table; every Forward call is then collective (all ranks call it
+  // with matching ForwardBatch::exchange). Null or size 1: one process.
+  Communicator* comm = nullptr;
 };
 
 // One sequence's chunk in a Forward call.
@@ -87,6 +95,11 @@ struct ForwardBatch {
   //    only on the sequence's tokens up to it: identical under any chunking,
   //    batching or preemption-recompute. The serving engine uses this.
   bool per_row_layout = false;
+  // With expert parallelism: how this call's rows relate to the other ranks'
+  // (parallel/expert_parallel.h). kReplicated: every rank runs the same rows;
+  // kGeneral / kStatic: each rank its own rows (data-parallel attention;
+  // kStatic requires the same row count on every rank).
+  EpExchange exchange = EpExchange::kReplicated;
 };
 
 // Per-layer intermediates of ONE sequence (debug switch), in the layout of the
@@ -142,6 +155,19 @@ class V41Model {
   // for start_pos+len tokens) and then computes without throwing. State rows
   // of positions start_pos .. start_pos+len−1 are written.
   void Forward(const ForwardBatch& batch, ForwardOutput* out);
+  // The checks Forward does first, alone (throws the same errors). Parallel
+  // runners validate on every rank and agree before the collective Forward.
+  void Validate(const ForwardBatch& batch);
+
+  // This rank's share of the routed experts and the bytes it holds.
+  const ExpertShard& expert_shard() const { return shard_; }
+  struct WeightBytes {
+    int64_t routed_experts = 0;  // quantised routed-expert bytes bound on this rank
+    int64_t engram_rows = 0;     // Engram table bytes this rank owns
+    int64_t replicated = 0;      // every other checkpoint byte (each rank has them)
+    int64_t packed = 0;          // bytes allocated by the load-time repacking
+  };
+  const WeightBytes& weight_bytes() const { return weight_bytes_; }
 
   // Debug switch: when set, the next Forward calls record sequence `seq` of
   // the batch into *rec (nullptr turns it off). Costs a copy per layer.
@@ -154,6 +180,9 @@ class V41Model {
   std::unique_ptr<ModelWeights> w_;
   std::unique_ptr<EngramHasher> engram_;
   std::unique_ptr<Tables> tables_;
+  Communicator* comm_ = nullptr;  // null or size 1: one process
+  ExpertShard shard_;
+  WeightBytes weight_bytes_;
   DebugRecord* debug_ = nullptr;
   int debug_seq_ = 0;
   std::filesystem::path debug_dump_dir_;

@@ -96,7 +96,8 @@ class Binder {
 
 }  // namespace
 
-std::unique_ptr<ModelWeights> ModelWeights::Bind(const TensorStore& store, const ModelConfig& c) {
+std::unique_ptr<ModelWeights> ModelWeights::Bind(const TensorStore& store, const ModelConfig& c, int shard_size,
+                                                int shard_rank) {
   if (c.arch != Arch::kDeepseekV41)
     Fail(ErrorKind::kInvalidArgument, "{}: model_type {} is not deepseek_v41", store.dir().string(), c.model_type);
   if (c.expert_dtype != "fp4")
@@ -155,11 +156,15 @@ std::unique_ptr<ModelWeights> ModelWeights::Bind(const TensorStore& store, const
     F.bias = b.F32(p + "ffn.gate.bias", {E});
     if (c.vision_n_layers > 0) F.bias_vl = b.F32(p + "ffn.gate.bias_vl", {E});
     F.experts.resize(E);
-    for (int64_t e = 0; e < E; ++e) {
+    const int64_t per_rank = E / shard_size;
+    for (int64_t e = shard_rank * per_rank; e < (shard_rank + 1) * per_rank; ++e) {
       const std::string q = fmt::format("{}ffn.experts.{}.", p, e);
+      F.experts[e].bound = true;
       F.experts[e].w1 = b.Fp4(q + "w1", I, d);
       F.experts[e].w3 = b.Fp4(q + "w3", I, d);
       F.experts[e].w2 = b.Fp4(q + "w2", d, I);
+      // E2M1 codes (two per byte) + one UE8M0 scale per 32 weights.
+      w->bytes.routed_experts += 3 * (I * d / 2 + I * d / 32);
     }
     F.shared_w1 = b.Fp8(p + "ffn.shared_experts.w1", I, d);
     F.shared_w3 = b.Fp8(p + "ffn.shared_experts.w3", I, d);
@@ -174,6 +179,9 @@ std::unique_ptr<ModelWeights> ModelWeights::Bind(const TensorStore& store, const
         Fail(ErrorKind::kInvalidArgument, "engram_head_dim {} is not a multiple of 32", hd);
       G.table = b.Expect(p + "engram.embed.weight", DType::kF8E4M3, {G.rows, hd}).data;
       G.table_scale = b.Expect(p + "engram.embed.scale", DType::kF8E8M0, {G.rows, hd / 32}).data;
+      G.row_begin = G.rows * shard_rank / shard_size;
+      G.row_end = G.rows * (shard_rank + 1) / shard_size;
+      w->bytes.engram_rows += (G.row_end - G.row_begin) * (hd + hd / 32);
       const int64_t cols = static_cast<int64_t>(c.engram_max_ngram_size - 1) * c.engram_n_heads * hd;
       G.wkv = b.Fp8(p + "engram.wkv", (hc + 1) * d, cols);
       Bf16Tensor qw = b.Bf16(p + "engram.q_weight", hc, d);
@@ -182,6 +190,13 @@ std::unique_ptr<ModelWeights> ModelWeights::Bind(const TensorStore& store, const
       for (int64_t i = 0; i < hc * d; ++i) G.qk.v[i] = Bf16ToFloat(qw.data[i]) * Bf16ToFloat(kw.data[i]);
     }
   }
+  // Everything that is neither a routed expert nor an Engram table is replicated on every rank.
+  int64_t all_experts = 0, all_engram = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    all_experts += c.n_routed_experts * 3 * (c.moe_inter_dim * d / 2 + c.moe_inter_dim * d / 32);
+    if (w->layers[l].has_engram) all_engram += w->layers[l].engram.rows * (c.engram_head_dim + c.engram_head_dim / 32);
+  }
+  w->bytes.other = static_cast<int64_t>(store.total_bytes()) - all_experts - all_engram;
   return w;
 }
 
@@ -227,6 +242,7 @@ size_t ModelWeights::PackForCpu() {
     MoeWeights& F = L.ffn;
     bf16(F.gate);
     for (ExpertWeights& e : F.experts) {
+      if (!e.bound) continue;
       fp4(e.w1);
       fp4(e.w3);
       fp4(e.w2);

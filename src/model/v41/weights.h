@@ -74,6 +74,7 @@ struct AttentionWeights {
 };
 
 struct ExpertWeights {
+  bool bound = false;  // false: another expert-parallel rank owns this expert (nothing loaded)
   Fp4Linear w1, w2, w3;
 };
 
@@ -85,9 +86,13 @@ struct MoeWeights {
 };
 
 struct EngramWeights {
-  const uint8_t* table = nullptr;        // E4M3 [rows, head_dim]
+  const uint8_t* table = nullptr;        // E4M3 [rows, head_dim] (the mapped checkpoint)
   const uint8_t* table_scale = nullptr;  // E8M0 [rows, head_dim / 32]
   int64_t rows = 0;
+  // Rows this rank reads: [row_begin, row_end) (all rows in one process; a
+  // contiguous 1/N share with N ranks, parallel/sharded_rows.h). Other rows'
+  // pages of the mapping are never touched, so they are never resident.
+  int64_t row_begin = 0, row_end = 0;
   Fp8Linear wkv;                         // [(hc+1)·dim, (N−1)·heads·head_dim]
   F32Tensor qk;                          // FP32 q_weight ⊙ k_weight [hc, dim]
 };
@@ -108,8 +113,13 @@ struct ModelWeights {
   Bf16Tensor norm;
   std::vector<LayerWeights> layers;  // n_layers main layers
 
-  // Binds every tensor the V4.1 text forward uses. `store` must outlive the result.
-  static std::unique_ptr<ModelWeights> Bind(const TensorStore& store, const ModelConfig& cfg);
+  // Binds every tensor the V4.1 text forward uses. `store` must outlive the
+  // result. With expert parallelism (`shard_size` ranks, this is `shard_rank`)
+  // only the routed experts of this rank's contiguous range are bound (the
+  // others stay `bound = false`) and each Engram table records this rank's row
+  // range; the default binds everything.
+  static std::unique_ptr<ModelWeights> Bind(const TensorStore& store, const ModelConfig& cfg, int shard_size = 1,
+                                            int shard_rank = 0);
 
   // Repacks every weight the fast CPU kernels read (sets the `packed`
   // members and packed_for_cpu). Adds about the checkpoint's size in resident
@@ -118,6 +128,12 @@ struct ModelWeights {
   // bytes allocated.
   size_t PackForCpu();
   bool packed_for_cpu = false;  // the forward pass uses the cpu:: kernels
+
+  // Bytes of the weights this rank uses: the quantised checkpoint bytes of
+  // the bound tensors (routed experts separately) and the Engram rows it owns.
+  struct Bytes {
+    int64_t routed_experts = 0, other = 0, engram_rows = 0;
+  } bytes;
 };
 
 }  // namespace deepinfer::v41

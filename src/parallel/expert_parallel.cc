@@ -1,0 +1,281 @@
+// Routed experts over expert-parallel ranks: see expert_parallel.h.
+#include "parallel/expert_parallel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "base/region_timer.h"
+
+namespace deepinfer {
+
+namespace {
+
+std::atomic<int64_t> g_sent{0}, g_recv{0}, g_calls{0};
+
+// Items are (row, slot) pairs whose expert a rank computes.
+struct Items {
+  std::vector<float> x;     // [m, dim]
+  std::vector<float> w;     // [m]
+  std::vector<int32_t> e;   // [m]
+  int64_t m = 0;
+};
+
+// Runs the local experts over items (grouped by expert, experts in parallel,
+// each expert's rows in item order); out [m, dim] in item order.
+void RunLocal(const ExpertFn& fn, int64_t dim, const Items& it, float* out) {
+  std::vector<std::vector<int64_t>> by_e;
+  std::vector<int> experts;
+  {
+    std::vector<int32_t> sorted(it.e.begin(), it.e.end());
+    std::sort(sorted.begin(), sorted.end());
+    sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+    experts.assign(sorted.begin(), sorted.end());
+    by_e.resize(experts.size());
+    for (int64_t i = 0; i < it.m; ++i) {
+      const size_t g = static_cast<size_t>(std::lower_bound(experts.begin(), experts.end(), it.e[i]) - experts.begin());
+      by_e[g].push_back(i);
+    }
+  }
+  const int64_t ng = static_cast<int64_t>(experts.size());
+#pragma omp parallel for schedule(dynamic, 1) if(ng > 1)
+  for (int64_t g = 0; g < ng; ++g) {
+    const std::vector<int64_t>& rows = by_e[static_cast<size_t>(g)];
+    const int64_t m = static_cast<int64_t>(rows.size());
+    std::vector<float> xin(static_cast<size_t>(m * dim)), rw(static_cast<size_t>(m)), o(static_cast<size_t>(m * dim));
+    for (int64_t i = 0; i < m; ++i) {
+      std::memcpy(xin.data() + i * dim, it.x.data() + rows[i] * dim, dim * sizeof(float));
+      rw[i] = it.w[rows[i]];
+    }
+    fn(experts[static_cast<size_t>(g)], xin.data(), m, rw.data(), o.data());
+    for (int64_t i = 0; i < m; ++i) std::memcpy(out + rows[i] * dim, o.data() + i * dim, dim * sizeof(float));
+  }
+}
+
+void AddItem(Items* it, const float* x, int64_t dim, float w, int32_t e) {
+  it->x.insert(it->x.end(), x, x + dim);
+  it->w.push_back(w);
+  it->e.push_back(e);
+  ++it->m;
+}
+
+// y[r] = Σ_t slot[r, t] in increasing idx[r, t], from 0 (MoE.forward's order).
+void Combine(const float* slot, const int32_t* idx, int64_t n, int k, int64_t dim, float* y) {
+  for (int64_t r = 0; r < n; ++r) {
+    int order[64];
+    for (int t = 0; t < k; ++t) order[t] = t;
+    std::sort(order, order + k, [&](int a, int b) { return idx[r * k + a] < idx[r * k + b]; });
+    float* yr = y + r * dim;
+    for (int64_t c = 0; c < dim; ++c) yr[c] = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const float* s = slot + (r * k + order[j]) * dim;
+      for (int64_t c = 0; c < dim; ++c) yr[c] += s[c];
+    }
+  }
+}
+
+void Count(int64_t sent, int64_t recv) {
+  g_sent += sent;
+  g_recv += recv;
+}
+
+}  // namespace
+
+const char* EpExchangeName(EpExchange e) {
+  switch (e) {
+    case EpExchange::kReplicated: return "replicated";
+    case EpExchange::kGeneral: return "general";
+    case EpExchange::kStatic: return "static";
+  }
+  return "?";
+}
+
+EpTraffic GetEpTraffic() { return {g_sent.load(), g_recv.load(), g_calls.load()}; }
+
+void RoutedExperts(Communicator* comm, EpExchange exchange, const ExpertShard& shard, const float* x, int64_t n,
+                   int64_t dim, const int32_t* idx, const float* wts, int k, const ExpertFn& fn, float* y) {
+  DI_CHECK(k >= 1 && k <= 64);
+  const int N = comm ? comm->size() : 1;
+  DI_CHECK(shard.size == N && shard.num_experts % N == 0);
+  const int me = comm ? comm->rank() : 0;
+  std::vector<float> slot(static_cast<size_t>(n * k * dim), 0.0f);  // [n, k, dim]
+  ++g_calls;
+
+  if (N == 1) {
+    Items it;
+    for (int64_t r = 0; r < n; ++r)
+      for (int t = 0; t < k; ++t) AddItem(&it, x + r * dim, dim, wts[r * k + t], idx[r * k + t]);
+    RunLocal(fn, dim, it, slot.data());
+    Combine(slot.data(), idx, n, k, dim, y);
+    return;
+  }
+
+  if (exchange == EpExchange::kReplicated) {
+    // Every rank knows every row's routing: each computes its own (row, slot)
+    // items in canonical (row, slot) order and one AllGatherV shares them.
+    Items mine;
+    std::vector<int64_t> counts(N, 0);
+    for (int64_t r = 0; r < n; ++r)
+      for (int t = 0; t < k; ++t) {
+        const int q = shard.owner(idx[r * k + t]);
+        counts[q] += dim * static_cast<int64_t>(sizeof(float));
+        if (q == me) AddItem(&mine, x + r * dim, dim, wts[r * k + t], idx[r * k + t]);
+      }
+    std::vector<float> out(static_cast<size_t>(mine.m * dim));
+    RunLocal(fn, dim, mine, out.data());
+    std::vector<float> all(static_cast<size_t>(n * k * dim));
+    {
+      RegionScope region(Region::kCollective);
+      comm->AllGatherV(out.data(), counts, all.data());
+    }
+    Count(counts[me], n * k * dim * static_cast<int64_t>(sizeof(float)) - counts[me]);
+    // Unpack: rank q's block holds its items in canonical order.
+    std::vector<int64_t> at(N, 0);
+    int64_t base = 0;
+    for (int q = 0; q < N; ++q) {
+      at[q] = base;
+      base += counts[q] / static_cast<int64_t>(sizeof(float));
+    }
+    for (int64_t r = 0; r < n; ++r)
+      for (int t = 0; t < k; ++t) {
+        const int q = shard.owner(idx[r * k + t]);
+        std::memcpy(slot.data() + (r * k + t) * dim, all.data() + at[q], dim * sizeof(float));
+        at[q] += dim;
+      }
+    Combine(slot.data(), idx, n, k, dim, y);
+    return;
+  }
+
+  if (exchange == EpExchange::kGeneral) {
+    // Dispatch: items to each owner (x row, weight, expert id), sizes first.
+    const int64_t item_floats = dim + 2;  // x | weight | expert id (int32 bits)
+    std::vector<std::vector<float>> send(N);
+    std::vector<int64_t> send_items(N, 0);
+    for (int64_t r = 0; r < n; ++r)
+      for (int t = 0; t < k; ++t) {
+        const int32_t e = idx[r * k + t];
+        const int q = shard.owner(e);
+        std::vector<float>& b = send[q];
+        b.insert(b.end(), x + r * dim, x + (r + 1) * dim);
+        b.push_back(wts[r * k + t]);
+        float eb;
+        std::memcpy(&eb, &e, sizeof(eb));
+        b.push_back(eb);
+        ++send_items[q];
+      }
+    std::vector<int64_t> recv_items(N, 0);
+    std::vector<int64_t> send_bytes(N), recv_bytes(N);
+    std::vector<float> sbuf, rbuf;
+    {
+      RegionScope region(Region::kCollective);
+      comm->AllToAll(send_items.data(), sizeof(int64_t), recv_items.data());
+    }
+    int64_t total_recv = 0;
+    for (int q = 0; q < N; ++q) {
+      send_bytes[q] = send_items[q] * item_floats * static_cast<int64_t>(sizeof(float));
+      recv_bytes[q] = recv_items[q] * item_floats * static_cast<int64_t>(sizeof(float));
+      total_recv += recv_items[q];
+      sbuf.insert(sbuf.end(), send[q].begin(), send[q].end());
+    }
+    rbuf.resize(static_cast<size_t>(total_recv * item_floats));
+    {
+      RegionScope region(Region::kCollective);
+      comm->AllToAllV(sbuf.data(), send_bytes, rbuf.data(), recv_bytes);
+    }
+    Items it;
+    it.m = total_recv;
+    it.x.resize(static_cast<size_t>(total_recv * dim));
+    it.w.resize(static_cast<size_t>(total_recv));
+    it.e.resize(static_cast<size_t>(total_recv));
+    for (int64_t i = 0; i < total_recv; ++i) {
+      const float* p = rbuf.data() + i * item_floats;
+      std::memcpy(it.x.data() + i * dim, p, dim * sizeof(float));
+      it.w[i] = p[dim];
+      std::memcpy(&it.e[i], p + dim + 1, sizeof(int32_t));
+      DI_CHECK(shard.owns(it.e[i]));
+    }
+    std::vector<float> out(static_cast<size_t>(total_recv * dim));
+    RunLocal(fn, dim, it, out.data());
+    // Combine: outputs back to the rows' owners, in the order they came.
+    std::vector<int64_t> back_send(N), back_recv(N);
+    for (int q = 0; q < N; ++q) {
+      back_send[q] = recv_items[q] * dim * static_cast<int64_t>(sizeof(float));
+      back_recv[q] = send_items[q] * dim * static_cast<int64_t>(sizeof(float));
+    }
+    std::vector<float> back(static_cast<size_t>(n * k * dim));
+    {
+      RegionScope region(Region::kCollective);
+      comm->AllToAllV(out.data(), back_send, back.data(), back_recv);
+    }
+    int64_t s = 0, r_ = 0;
+    for (int q = 0; q < N; ++q) {
+      s += send_bytes[q] + back_send[q];
+      r_ += recv_bytes[q] + back_recv[q];
+    }
+    Count(s, r_);
+    std::vector<int64_t> at(N, 0);
+    int64_t base = 0;
+    for (int q = 0; q < N; ++q) {
+      at[q] = base;
+      base += send_items[q] * dim;
+    }
+    for (int64_t r = 0; r < n; ++r)
+      for (int t = 0; t < k; ++t) {
+        const int q = shard.owner(idx[r * k + t]);
+        std::memcpy(slot.data() + (r * k + t) * dim, back.data() + at[q], dim * sizeof(float));
+        at[q] += dim;
+      }
+    Combine(slot.data(), idx, n, k, dim, y);
+    return;
+  }
+
+  // kStatic: fixed shapes. Every rank's rows with their routing, gathered.
+  const int64_t B = n;
+  const int64_t row_floats = dim + 2 * k;  // x | idx (int32 bits) | weights
+  std::vector<float> mine(static_cast<size_t>(B * row_floats));
+  for (int64_t r = 0; r < B; ++r) {
+    float* p = mine.data() + r * row_floats;
+    std::memcpy(p, x + r * dim, dim * sizeof(float));
+    std::memcpy(p + dim, idx + r * k, k * sizeof(int32_t));
+    std::memcpy(p + dim + k, wts + r * k, k * sizeof(float));
+  }
+  std::vector<float> all(static_cast<size_t>(N * B * row_floats));
+  {
+    RegionScope region(Region::kCollective);
+    comm->AllGather(mine.data(), B * row_floats * static_cast<int64_t>(sizeof(float)), all.data());
+  }
+  Items it;
+  std::vector<int64_t> where;  // item → (rank·B + row)·k + slot
+  for (int p = 0; p < N; ++p)
+    for (int64_t r = 0; r < B; ++r) {
+      const float* row = all.data() + (p * B + r) * row_floats;
+      for (int t = 0; t < k; ++t) {
+        int32_t e;
+        std::memcpy(&e, row + dim + t, sizeof(e));
+        if (!shard.owns(e)) continue;
+        AddItem(&it, row, dim, row[dim + k + t], e);
+        where.push_back((p * B + r) * k + t);
+      }
+    }
+  std::vector<float> out(static_cast<size_t>(it.m * dim));
+  RunLocal(fn, dim, it, out.data());
+  std::vector<float> sendbuf(static_cast<size_t>(N * B * k * dim), 0.0f);  // [N][B][k][dim]
+  for (int64_t i = 0; i < it.m; ++i)
+    std::memcpy(sendbuf.data() + where[i] * dim, out.data() + i * dim, dim * sizeof(float));
+  std::vector<float> recvbuf(sendbuf.size());
+  const int64_t block = B * k * dim * static_cast<int64_t>(sizeof(float));
+  {
+    RegionScope region(Region::kCollective);
+    comm->AllToAll(sendbuf.data(), block, recvbuf.data());
+  }
+  Count(mine.size() * sizeof(float) + N * block, all.size() * sizeof(float) + N * block);
+  for (int64_t r = 0; r < B; ++r)
+    for (int t = 0; t < k; ++t) {
+      const int q = shard.owner(idx[r * k + t]);
+      std::memcpy(slot.data() + (r * k + t) * dim, recvbuf.data() + ((q * B + r) * k + t) * dim, dim * sizeof(float));
+    }
+  Combine(slot.data(), idx, n, k, dim, y);
+}
+
+}  // namespace deepinfer
