@@ -151,6 +151,9 @@ class Engine {
   // Set when a rank of the parallel job was lost: every request failed with
   // finish_reason "error" and Submit throws Error(kUnavailable) (HTTP 503).
   const std::optional<std::string>& fatal_error() const;
+  // Parallel jobs: checks that every rank is still there (an idle engine runs
+  // no step that would notice); a lost rank sets fatal_error(). Cheap.
+  void CheckPeers();
 
   struct Impl;
 

@@ -53,6 +53,9 @@ class ModelBackend {
   // padded to the same number of one-token rows. logits[i] receives batch
   // i's rows in Forward's layout. Same row-independence rule as Forward.
   virtual int data_parallel_size() const { return 1; }
+  // Parallel backends: throws RankLostError when a rank is gone (called by
+  // an idle engine loop; a step notices by itself).
+  virtual void CheckPeers() {}
   virtual void ForwardShards(const std::vector<std::vector<BackendSeq>>& shards, bool decode_step,
                              std::vector<std::vector<float>>* logits) {
     DI_CHECK(shards.size() == 1 && logits->size() == 1);

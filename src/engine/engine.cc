@@ -275,6 +275,16 @@ EngineStats Engine::Stats() const {
 
 const std::optional<std::string>& Engine::fatal_error() const { return impl_->fatal; }
 
+void Engine::CheckPeers() {
+  if (impl_->fatal) return;
+  try {
+    impl_->backend->CheckPeers();
+  } catch (const RankLostError& e) {
+    impl_->fatal = e.what();
+    spdlog::error("parallel job lost a rank: {}", e.what());
+  }
+}
+
 uint64_t Engine::Submit(const GenerateRequest& req) {
   Impl& m = *impl_;
   const std::string label = req.request_id.empty() ? std::string("request") : "request " + req.request_id;

@@ -2,6 +2,9 @@
 // ModelBackend interface, plus the tokenizer and the Engram token map of the
 // model directory. Under mpirun the leader's backend drives the followers
 // with the step protocol of engine/parallel_runner.h.
+#include <unistd.h>
+
+#include <csignal>
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
@@ -63,6 +66,9 @@ class V41Backend : public ModelBackend {
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   StateGeometry Geometry(int64_t block_size) const override { return model_->geometry(block_size); }
   int data_parallel_size() const override { return args_.data_parallel_size; }
+  void CheckPeers() override {
+    if (comm_) comm_->CheckPeers();
+  }
 
   void Forward(const std::vector<BackendSeq>& seqs, std::vector<float>* logits) override {
     std::vector<std::vector<float>> out(1);
@@ -188,8 +194,9 @@ LoadedModel LoadModel(const EngineArgs& args, Communicator* comm) {
   const auto& wb = lm.model->weight_bytes();
   if (comm) {
     const ExpertShard& sh = lm.model->expert_shard();
-    spdlog::info("rank {}/{} on {}: routed experts [{}, {}) = {:.1f} MiB, Engram rows {:.1f} MiB, replicated {:.1f} MiB",
-                 comm->rank(), comm->size(), comm->hosts()[static_cast<size_t>(comm->rank())], sh.first(), sh.end(),
+    spdlog::info("rank {}/{} (pid {} on {}): routed experts [{}, {}) = {:.1f} MiB, Engram rows {:.1f} MiB, replicated "
+                 "{:.1f} MiB",
+                 comm->rank(), comm->size(), getpid(), comm->hosts()[static_cast<size_t>(comm->rank())], sh.first(), sh.end(),
                  wb.routed_experts / 1048576.0, wb.engram_rows / 1048576.0, wb.replicated / 1048576.0);
   }
   spdlog::debug("loaded {} ({} layers, dim {})", args.model, lm.cfg.n_layers, lm.cfg.dim);
@@ -223,6 +230,10 @@ int RunFollower(const EngineArgs& args) {
   Communicator* comm = ParallelWorld(args);
   if (!comm || comm->rank() == 0) Fail(ErrorKind::kInternal, "RunFollower on the leader");
   const int me = comm->rank();
+  // mpirun forwards SIGINT/SIGTERM to every rank; a follower stops when the
+  // leader's stop message arrives (after the leader has finished its shutdown).
+  std::signal(SIGINT, SIG_IGN);
+  std::signal(SIGTERM, SIG_IGN);
   LoadedModel lm = LoadModel(args, comm);
   if (args.num_threads != 0) SetNumThreads(args.num_threads);
   const StateGeometry geometry = lm.model->geometry(args.block_size);

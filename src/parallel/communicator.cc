@@ -91,6 +91,12 @@ class MpiCommunicator : public Communicator {
   const std::vector<std::string>& hosts() const override { return hosts_; }
   void set_timeout(double seconds) override { timeout_s_ = seconds; }
   bool broken() const { return broken_; }
+  void CheckPeers() override {
+    Enter("CheckPeers");
+    const int dead = DeadLocalPeer();
+    if (dead >= 0)
+      Break(dead, fmt::format("rank {} (pid {} on {}) is gone", dead, pids_[dead], hosts_[dead]));
+  }
 
   void Broadcast(void* data, int64_t bytes, int root) override {
     Enter("Broadcast");

@@ -78,6 +78,9 @@ class Communicator {
   // Seconds a collective may wait without its peers before it fails with
   // RankLostError (0 = forever). Local peers are also checked by pid.
   virtual void set_timeout(double seconds) = 0;
+  // Throws RankLostError if a peer's process on this host is gone (cheap;
+  // for an idle leader, which runs no collective that would notice).
+  virtual void CheckPeers() = 0;
 
   // ---- typed helpers (T trivially copyable)
   template <class T>
@@ -129,6 +132,7 @@ class LocalCommunicator : public Communicator {
   void AllReduce(int64_t*, int64_t, ReduceOp) override {}
   void Barrier() override {}
   void set_timeout(double) override {}
+  void CheckPeers() override {}
 
  private:
   std::vector<std::string> hosts_;

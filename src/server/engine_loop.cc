@@ -200,8 +200,14 @@ void EngineLoop::Run() {
     bool stopping = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (!engine_->HasUnfinished())
-        cv_.wait(lock, [&] { return stop_ || !commands_.empty(); });
+      // Idle: wake up now and then to check that every rank of a parallel
+      // job is still there (a lost rank turns the server unavailable, 503).
+      while (!engine_->HasUnfinished() && !stop_ && commands_.empty()) {
+        cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return stop_ || !commands_.empty(); });
+        if (engine_->fatal_error()) continue;  // already down: just wait for commands
+        engine_->CheckPeers();
+        if (engine_->fatal_error()) break;
+      }
       cmds.swap(commands_);
       stopping = stop_;
     }
@@ -235,6 +241,15 @@ void EngineLoop::Run() {
     }
     if (stopping) {
       for (auto& [id, r] : routes_) engine_->Abort(id);
+    }
+    if (engine_->fatal_error()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (state_ == State::kReady) {
+        // Requests still in flight fail in the next Step; new ones get 503.
+        load_error_ = "a rank of the parallel job was lost: " + *engine_->fatal_error();
+        state_ = State::kFailed;
+        spdlog::error("{}", load_error_);
+      }
     }
     if (engine_->HasUnfinished()) {
       std::vector<RequestOutput> outs;
