@@ -4,6 +4,8 @@
 # npm client (tests/server/*.test.mjs, node's test runner).
 # Usage: server_e2e.sh <path-to-deepinfer> <source-dir>
 # Uses $DEEPINFER_TINY_DIR when it holds a checkpoint, else makes one with make-tiny.
+# DEEPINFER_SERVE_LAUNCH (e.g. "mpirun --oversubscribe -np 2") and DEEPINFER_SERVE_ARGS
+# (e.g. "--ep 2") run the same suite against a parallel job (tests/cli/server_mpi.sh).
 set -euo pipefail
 BIN=$(realpath "$1")
 SRC=$(realpath "$2")
@@ -32,7 +34,8 @@ fi
 
 API_KEY="e2e-$RANDOM$RANDOM"
 # --port 0: the kernel picks a free port; the log line names it.
-"$BIN" serve "$MODEL" --host 127.0.0.1 --port 0 --served-model-name tiny --api-key "$API_KEY" \
+# shellcheck disable=SC2086
+${DEEPINFER_SERVE_LAUNCH:-} "$BIN" serve "$MODEL" ${DEEPINFER_SERVE_ARGS:-} --host 127.0.0.1 --port 0 --served-model-name tiny --api-key "$API_KEY" \
   --max-model-len 256 --max-num-seqs 16 --max-num-batched-tokens 512 --max-request-bytes 1000000 \
   >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
@@ -57,8 +60,12 @@ if [ $rc -ne 0 ]; then
   exit 1
 fi
 
-# Graceful shutdown on SIGTERM.
-kill -TERM "$SERVER_PID"
+# Graceful shutdown on SIGTERM (of a parallel job: to its leader, rank 0; docs/parallel.md).
+STOP_PID="$SERVER_PID"
+if [ -n "${DEEPINFER_SERVE_LAUNCH:-}" ]; then
+  STOP_PID=$(grep -o 'rank 0/[0-9]* (pid [0-9]*' "$WORK/server.log" | head -1 | grep -o '[0-9]*$')
+fi
+kill -TERM "$STOP_PID"
 for _ in $(seq 1 200); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$SERVER_PID" 2>/dev/null; then echo "server_e2e: server did not stop on SIGTERM"; exit 1; fi
 wait "$SERVER_PID" || { echo "server_e2e: server exited with an error on SIGTERM"; tail -n 20 "$WORK/server.log"; exit 1; }
