@@ -30,6 +30,9 @@
 #include "base/parallel.h"
 #include "base/region_timer.h"
 #include "bench_util.h"
+#include "deepinfer/engine.h"
+#include "engine/parallel_runner.h"
+#include "parallel/communicator.h"
 #include "format/safetensors.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "model/config.h"
@@ -50,6 +53,11 @@ struct E2eArgs {
   std::vector<int> batches = {1, 4, 16};
   int64_t prompt_len = 64;
   int decode_steps = 8;
+  // Under mpirun (docs/parallel.md): --ep N splits the routed experts over the
+  // N ranks (every rank runs the same batch: attention replicated); with
+  // --dp N too, every rank runs its own batch of `batch` sequences and the
+  // MoE layers exchange rows (general path for prefill, static for decode).
+  int ep = 1, dp = 1;
 };
 
 // Bytes of weights a batch-1 decode token reads (see file comment).
@@ -122,8 +130,20 @@ void RunE2e(const E2eArgs& a) {
            "bench e2e: batch {} x (--prompt-len {} + --decode-steps {}) is over 2^20 tokens of state", B,
            a.prompt_len, a.decode_steps);
   }
-  CheckWritable(a.json_out, "--json");
-  if (!a.png_out.empty()) CheckWritable(a.png_out, "--png");
+  Communicator& world = World();
+  {
+    EngineArgs pa;
+    pa.expert_parallel_size = a.ep;
+    pa.data_parallel_size = a.dp;
+    CheckParallelArgs(pa, world.size());
+  }
+  Communicator* comm = world.size() > 1 ? &world : nullptr;
+  const bool leader = world.rank() == 0;
+  if (!leader) std::freopen("/dev/null", "w", stdout);  // one report, from rank 0
+  if (leader) {
+    CheckWritable(a.json_out, "--json");
+    if (!a.png_out.empty()) CheckWritable(a.png_out, "--png");
+  }
   // The model's config before anything is measured (a wrong --model fails fast).
   (void)ModelConfig::Load(a.model);
   if (a.threads != 0) SetNumThreads(a.threads);
@@ -137,7 +157,9 @@ void RunE2e(const E2eArgs& a) {
   out["machine"] = MachineJson(threads);
   out["model"] = a.model;
   std::printf("bench e2e: %s, %d threads, target %s\n", a.model.c_str(), threads, cpu::ActiveTarget().c_str());
-  json stream = MeasureStream(int64_t{32} << 20, 5);
+  // The triad runs on rank 0 alone (the others wait), so it is one rank's bandwidth.
+  json stream = leader ? MeasureStream(int64_t{32} << 20, 5) : json{{"triad", {{"gbps", 0.0}}}};
+  if (comm) comm->Barrier();
   const double triad = stream["triad"]["gbps"].get<double>();
   out["triad_gbps"] = triad;
   out["stream"] = stream;
@@ -145,6 +167,7 @@ void RunE2e(const E2eArgs& a) {
 
   const ModelConfig cfg = ModelConfig::Load(dir);
   v41::V41Options opts;
+  opts.comm = comm;
   if (!cfg.engram_layer_ids.empty()) {
     if (fs::exists(dir / "tokenizer.json")) {
       const Tokenizer tok = Tokenizer::Load(dir);
@@ -161,6 +184,27 @@ void RunE2e(const E2eArgs& a) {
   double t0 = Now();
   std::unique_ptr<v41::V41Model> model = v41::V41Model::Load(dir, opts);
   out["load_seconds"] = Now() - t0;
+  out["ranks"] = world.size();
+  out["expert_parallel_size"] = a.ep;
+  out["data_parallel_size"] = a.dp;
+  {
+    // Weight bytes per rank (routed experts are split; the rest replicated).
+    const auto& wb = model->weight_bytes();
+    const int64_t mine[4] = {wb.routed_experts, wb.engram_rows, wb.replicated, wb.packed};
+    std::vector<int64_t> all(static_cast<size_t>(4 * world.size()));
+    if (comm) comm->AllGather(mine, sizeof(mine), all.data());
+    else std::copy(mine, mine + 4, all.begin());
+    json per = json::array();
+    for (int q = 0; q < world.size(); ++q)
+      per.push_back({{"rank", q},
+                     {"routed_expert_bytes", all[4 * q]},
+                     {"engram_row_bytes", all[4 * q + 1]},
+                     {"replicated_bytes", all[4 * q + 2]},
+                     {"packed_bytes", all[4 * q + 3]}});
+    out["weight_bytes_per_rank"] = per;
+    std::printf("  %d rank(s): routed experts %.1f MB per rank, Engram rows %.1f MB, replicated %.1f MB\n",
+                world.size(), all[0] / 1e6, all[1] / 1e6, all[2] / 1e6);
+  }
   {
     std::unique_ptr<TensorStore> store = TensorStore::Open(dir);
     out["active_weights"] = ActiveBytes(*store, cfg);
@@ -190,6 +234,7 @@ void RunE2e(const E2eArgs& a) {
     ResetRegionTimes();
     EnableRegionTimer(true);
     v41::ForwardBatch pb;
+    pb.exchange = a.dp > 1 ? EpExchange::kGeneral : EpExchange::kReplicated;
     for (int s = 0; s < B; ++s) {
       v41::ForwardSeq q;
       q.tokens = prompts[s].data();
@@ -217,6 +262,7 @@ void RunE2e(const E2eArgs& a) {
     double decode_total = 0;
     for (int st = 0; st < a.decode_steps; ++st) {
       v41::ForwardBatch db;
+      db.exchange = a.dp > 1 ? EpExchange::kStatic : EpExchange::kReplicated;
       for (int s = 0; s < B; ++s) {
         v41::ForwardSeq q;
         q.tokens = &next[s];
@@ -235,7 +281,8 @@ void RunE2e(const E2eArgs& a) {
     EnableRegionTimer(false);
     const json decode_regions = RegionsJson(decode_total);
     const double step = Median(steps);
-    const double prefill_tps = B * a.prompt_len / prefill_s, decode_tps = B / step;
+    // With --dp every rank runs its own B sequences: the job's rate is dp times one rank's.
+    const double prefill_tps = a.dp * B * a.prompt_len / prefill_s, decode_tps = a.dp * B / step;
     json r{{"batch", B},
            {"prompt_len", a.prompt_len},
            {"prefill_seconds", prefill_s},
@@ -244,6 +291,11 @@ void RunE2e(const E2eArgs& a) {
            {"decode_step_seconds_median", step},
            {"decode_step_samples", steps},
            {"decode_tok_s", decode_tps},
+           {"sequences_per_rank", B},
+           {"collective_seconds_per_decode_step",
+            decode_regions.is_null() || !decode_regions.contains("collective")
+                ? 0.0
+                : decode_regions["collective"]["seconds"].get<double>() / a.decode_steps},
            {"prefill_regions", prefill_regions},
            {"decode_regions", decode_regions}};
     if (B == 1) {
@@ -294,6 +346,7 @@ void RunE2e(const E2eArgs& a) {
     }
   }
   out["regions_instrumented"] = !runs[0]["decode_regions"].is_null();
+  if (!leader) return;
   WriteJson(json_path, out);
 
   // Plot: tok/s per batch (prefill, decode) and the batch-1 decode region split.
@@ -361,6 +414,10 @@ void RegisterBenchE2e(CLI::App& bench) {
   e->add_option("--batches", args->batches, "Batch sizes")->capture_default_str();
   e->add_option("--prompt-len", args->prompt_len, "Prompt tokens per sequence")->capture_default_str();
   e->add_option("--decode-steps", args->decode_steps, "Decode steps timed (median reported)")->capture_default_str();
+  e->add_option("--ep,--expert-parallel-size", args->ep, "Under mpirun -np N: routed experts split over N ranks")
+      ->capture_default_str();
+  e->add_option("--dp,--data-parallel-size", args->dp, "Under mpirun: each rank runs its own batch (1 or --ep N)")
+      ->capture_default_str();
   e->callback([args] { RunE2e(*args); });
 }
 
