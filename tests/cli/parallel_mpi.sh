@@ -63,6 +63,24 @@ PY
   fi
 done
 
+# ---- prompt_logprobs: every prompt row's logits gathered from the DP ranks
+PL=(generate --model "$TINY" --prompts "$PROMPTS" --num-prompts 6 --threads 1 --temperature 0 --prompt-logprobs 2
+    --max-num-batched-tokens 48 --no-progress)
+"$BIN" "${PL[@]}" --output "$T/plref.jsonl" 2>"$T/err" || fail "prompt_logprobs, one process: $(cat "$T/err")"
+"${MPIRUN[@]}" -np 2 "$BIN" "${PL[@]}" --ep 2 --dp 2 --output "$T/pl.jsonl" 2>"$T/err" ||
+  fail "prompt_logprobs, np 2 --dp 2: $(tail -5 "$T/err")"
+python3 - "$T/plref.jsonl" "$T/pl.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 6
+for x, y in zip(a, b):
+    assert x["prompt_logprobs"] and x["prompt_logprobs"][0] is None, x.get("error")
+    assert len(x["prompt_logprobs"]) == x["prompt_tokens"]
+    assert x["prompt_logprobs"] == y["prompt_logprobs"] and x["token_ids"] == y["token_ids"], x["index"]
+print("prompt_logprobs np 2 --ep 2 --dp 2: bit-identical to one process")
+PY
+
 # ---- seeded sampling, small token budget, a pool small enough to preempt
 S=(generate --model "$TINY" --prompts "$PROMPTS" --threads 1 --temperature 0.9 --top-p 0.95 --seed 7 --logprobs 2
    --max-num-batched-tokens 16 --num-kv-blocks 16 --max-model-len 256 --no-progress)
