@@ -190,6 +190,7 @@ void RunGenerate(const GenerateOptions& o) {
       }
       if (!r.error.empty()) res["error"] = r.error;
       res["prompt_tokens"] = r.num_prompt_tokens;
+      res["cached_tokens"] = r.num_cached_tokens;
       res["completion_tokens"] = r.token_ids.size();
       res["seed"] = r.seed;
       if (!r.logprobs.empty()) res["logprobs"] = LogprobsJson(r.logprobs, tok);
@@ -230,6 +231,11 @@ void RunGenerate(const GenerateOptions& o) {
                el > 0 ? s.prompt_tokens_total / el : 0.0, static_cast<long long>(s.generation_tokens_total),
                el > 0 ? s.generation_tokens_total / el : 0.0, static_cast<long long>(s.peak_kv_blocks_used),
                static_cast<long long>(s.num_kv_blocks), static_cast<long long>(s.num_preemptions));
+  if (s.prefix_caching)
+    std::fprintf(stderr, "generate: prefix cache: %lld of %lld prompt tokens hit (%.1f%%), %lld cached blocks\n",
+                 static_cast<long long>(s.prefix_cache_hits), static_cast<long long>(s.prefix_cache_queries),
+                 s.prefix_cache_queries > 0 ? 100.0 * s.prefix_cache_hits / s.prefix_cache_queries : 0.0,
+                 static_cast<long long>(s.num_cached_blocks));
   if (engine->fatal_error()) Fail(ErrorKind::kUnavailable, "{}", *engine->fatal_error());
 }
 

@@ -85,6 +85,8 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
       ->capture_default_str();
   cmd->add_option("--engram-token-map", f->args.engram_token_map,
                   "int32 file with the Engram compressed token map (default: built from tokenizer.json)");
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", f->args.enable_prefix_caching,
+                "Share the KV/state blocks of common prompt prefixes between requests (default on; docs/engine.md)");
   // Scale-out (docs/parallel.md): under mpirun -np N, every rank with the same flags.
   cmd->add_option("--ep,--expert-parallel-size", f->args.expert_parallel_size,
                   "Expert parallelism: routed experts split over N ranks (= mpirun -np N)")

@@ -48,6 +48,7 @@ struct EngineArgs {
   int64_t max_logprobs = 20;               // --max-logprobs
   LogprobsMode logprobs_mode = LogprobsMode::kRawLogprobs;  // --logprobs-mode
   std::string engram_token_map;            // optional int32 file overriding the map built from tokenizer.json
+  bool enable_prefix_caching = true;       // --enable-prefix-caching / --no-enable-prefix-caching (vLLM's default: on)
   // Scale-out over MPI (docs/parallel.md). Run under `mpirun -np N`; every
   // rank gets the same arguments.
   int expert_parallel_size = 1;            // --ep N: routed experts (and Engram rows) split over N ranks
@@ -102,6 +103,7 @@ struct RequestOutput {
   // error) before its prompt was fully processed.
   std::vector<std::optional<LogprobsEntry>> prompt_logprobs;
   int64_t num_prompt_tokens = 0;
+  int64_t num_cached_tokens = 0;             // prompt tokens taken from the prefix cache (OpenAI's cached_tokens)
   int64_t seed = 0;                          // the seed used (drawn by the engine if none was given)
   double time_to_first_token_s = 0;
   double total_time_s = 0;
@@ -124,6 +126,12 @@ struct EngineStats {
   std::vector<int64_t> dp_dummy_steps;  // steps each rank ran padding rows only
   int64_t num_prefill_steps = 0;        // DP steps voted prefill-shaped
   int64_t num_decode_steps = 0;         // DP steps voted decode-shaped (static MoE path)
+  // Prefix caching (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens):
+  int64_t prefix_cache_queries = 0;     // prompt tokens of admitted requests looked up
+  int64_t prefix_cache_hits = 0;        // of those, found in the cache (not computed)
+  int64_t num_cached_blocks = 0;        // published blocks (shared or evictable)
+  int64_t num_evictable_blocks = 0;     // cached blocks no request holds (counted free in num_kv_blocks_used)
+  bool prefix_caching = false;          // enabled (flag on and the model supports it)
 };
 
 class Engine {

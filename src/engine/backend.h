@@ -25,6 +25,13 @@ struct BackendSeq {
   bool reset_state = false;         // the slot was newly assigned: its fixed-kind state rows are
                                     // zeroed before the call. The engine zeroes its own pool; a
                                     // parallel backend tells the ranks that hold replicas.
+  // Prefix-cache hit (start_pos == restore_prefix > 0): after the reset, the
+  // fixed state is rebuilt from the shared blocks (RestoreFixedState, with the
+  // raw ids of the positions just before restore_prefix). The engine does it
+  // in its own pool; a parallel backend tells the other ranks.
+  int64_t restore_prefix = 0;
+  const int32_t* restore_tokens = nullptr;
+  int64_t num_restore_tokens = 0;
 };
 
 // Number of logits rows a chunk returns (backend.h's layout).
@@ -37,6 +44,10 @@ class ModelBackend {
   virtual int64_t vocab_size() const = 0;
   // State geometry for a paged block of `block_size` tokens.
   virtual StateGeometry Geometry(int64_t block_size) const = 0;
+  // Prefix caching (docs/engine.md): a backend that supports it returns true
+  // and a geometry with the paged window history (model/state.h).
+  virtual bool supports_prefix_caching() const { return false; }
+  virtual StateGeometry CachingGeometry(int64_t block_size) const { return Geometry(block_size); }
   // Runs all chunks. `logits` receives, for the seqs in order, FP32 rows of
   // vocab_size(): `len` rows (positions start_pos .. start_pos+len-1) for a
   // seq with all_logits, else one row (its last token) for a seq with

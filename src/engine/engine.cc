@@ -37,6 +37,7 @@ struct RequestRecord {
   std::unique_ptr<StopChecker> stop;
   std::unique_ptr<IncrementalDetokenizer> detok;
   int64_t num_prompt_tokens = 0;
+  std::optional<int64_t> num_cached_tokens;  // prefix-cache hit at its first admission
   std::vector<int32_t> output_ids;
   std::string text;
   std::vector<LogprobsEntry> logprobs;
@@ -126,6 +127,7 @@ struct Engine::Impl {
     o.logprobs = r.logprobs;
     if (r.wants_prompt_logprobs && r.prompt_logprobs_done()) o.prompt_logprobs = r.prompt_logprobs;
     o.num_prompt_tokens = r.num_prompt_tokens;
+    o.num_cached_tokens = r.num_cached_tokens.value_or(0);
     o.seed = r.sampling ? r.sampling->seed() : 0;
     const auto now = Clock::now();
     o.total_time_s = Seconds(r.arrival, now);
@@ -217,7 +219,9 @@ std::unique_ptr<Engine> Engine::OpenWithBackend(const EngineArgs& args, std::uni
   if (args.max_num_seqs < 1) Fail(ErrorKind::kInvalidArgument, "--max-num-seqs must be >= 1, got {}", args.max_num_seqs);
   if (args.max_model_len < 2) Fail(ErrorKind::kInvalidArgument, "--max-model-len must be >= 2, got {}", args.max_model_len);
   if (args.block_size < 1) Fail(ErrorKind::kInvalidArgument, "--block-size must be >= 1, got {}", args.block_size);
-  StateGeometry geometry = impl->backend->Geometry(args.block_size);
+  const bool caching = args.enable_prefix_caching && impl->backend->supports_prefix_caching();
+  StateGeometry geometry =
+      caching ? impl->backend->CachingGeometry(args.block_size) : impl->backend->Geometry(args.block_size);
   const int64_t num_blocks = KvBlocksFor(args, geometry);
   SchedulerConfig sc;
   sc.max_num_seqs = args.max_num_seqs;
@@ -228,6 +232,8 @@ std::unique_ptr<Engine> Engine::OpenWithBackend(const EngineArgs& args, std::uni
   sc.prefill_token_buckets = args.prefill_token_buckets;
   sc.decode_batch_buckets = args.decode_batch_buckets;
   sc.prompt_as_decode_max_tokens = args.prompt_as_decode_max_tokens;
+  sc.enable_prefix_caching = caching;
+  impl->stats.prefix_caching = caching;
   const int dp = impl->backend->data_parallel_size();
   if (dp < 1) Fail(ErrorKind::kInternal, "backend data_parallel_size {} < 1", dp);
   impl->shards.resize(static_cast<size_t>(dp));
@@ -269,6 +275,10 @@ EngineStats Engine::Stats() const {
     s.peak_kv_blocks_used += sh.scheduler->blocks().peak_used_blocks();
     s.dp_requests.push_back(sh.requests);
     s.dp_dummy_steps.push_back(sh.dummy_steps);
+    s.prefix_cache_queries += sh.scheduler->prefix_cache_queries();
+    s.prefix_cache_hits += sh.scheduler->prefix_cache_hits();
+    s.num_cached_blocks += sh.scheduler->blocks().num_cached_blocks();
+    s.num_evictable_blocks += sh.scheduler->blocks().num_evictable_blocks();
   }
   return s;
 }
@@ -345,7 +355,8 @@ uint64_t Engine::Submit(const GenerateRequest& req) {
     if (a.num_running() + a.num_waiting() < b.num_running() + b.num_waiting()) best = i;
   }
   rec->shard = best;
-  m.Sched(*rec).Add(rec->id, std::move(ids), max_tokens);  // throws before anything is recorded
+  // prompt_logprobs needs every prompt row's logits: such a request bypasses the prefix cache.
+  m.Sched(*rec).Add(rec->id, std::move(ids), max_tokens, /*cacheable=*/!req.params.prompt_logprobs);  // throws first
   ++m.shards[static_cast<size_t>(best)].requests;
   m.requests[rec->id] = std::move(rec);
   return m.next_id++;
@@ -390,8 +401,22 @@ void BuildShardStep(Engine::Impl& m, int shard, ShardStep* st, int64_t pad_seqs_
   st->seqs.reserve(plan.seqs.size() + static_cast<size_t>(std::max<int64_t>(pad_seqs_to, plan.num_padding_seqs)) + 1);
   for (const ScheduledSeq& q : plan.seqs) {
     const SeqState* ss = sched.Get(q.id);
-    if (q.fresh_slot && local) m.pool->ResetSlot(ss->slot);
     BackendSeq b;
+    if (q.restore_prefix > 0) {
+      b.restore_prefix = q.restore_prefix;
+      b.num_restore_tokens = std::min<int64_t>(q.restore_prefix, 16);
+      b.restore_tokens = ss->token_ids.data() + q.restore_prefix - b.num_restore_tokens;
+    }
+    if (q.fresh_slot) {
+      RequestRecord& rr = *m.requests.at(q.id);
+      if (!rr.num_cached_tokens) rr.num_cached_tokens = q.restore_prefix;
+    }
+    if (q.fresh_slot && local) {
+      m.pool->ResetSlot(ss->slot);
+      if (q.restore_prefix > 0)
+        RestoreFixedState(m.pool->View(ss->slot, ss->block_table.data(), static_cast<int64_t>(ss->block_table.size())),
+                          b.restore_prefix, b.restore_tokens, b.num_restore_tokens);
+    }
     b.tokens = ss->token_ids.data() + q.start;
     b.len = q.len;
     b.start_pos = q.start;

@@ -68,6 +68,8 @@ std::vector<uint8_t> StepMessage::Serialize() const {
       w.Put(c.slot);
       w.Put(c.logits);
       w.Put(c.reset);
+      w.Put(c.restore_prefix);
+      w.PutSpan<int32_t>(c.restore_tokens);
       w.PutSpan<int32_t>(c.tokens);
       w.PutSpan<int32_t>(c.block_table);
     }
@@ -96,6 +98,8 @@ StepMessage StepMessage::Parse(const std::vector<uint8_t>& bytes) {
       c.slot = r.Get<int32_t>();
       c.logits = r.Get<uint8_t>();
       c.reset = r.Get<uint8_t>();
+      c.restore_prefix = r.Get<int64_t>();
+      c.restore_tokens = r.GetVector<int32_t>();
       c.tokens = r.GetVector<int32_t>();
       c.block_table = r.GetVector<int32_t>();
       if (static_cast<int64_t>(c.tokens.size()) != c.len)

@@ -48,6 +48,8 @@ struct StepChunk {
   int32_t slot = -1;
   uint8_t logits = 0;  // 0 none, 1 last row, 2 every row
   uint8_t reset = 0;   // zero the slot's fixed state first
+  int64_t restore_prefix = 0;           // prefix-cache hit: rebuild the fixed state (RestoreFixedState)
+  std::vector<int32_t> restore_tokens;  // raw ids of the positions just before restore_prefix
   std::vector<int32_t> tokens;       // [len]
   std::vector<int32_t> block_table;  // physical block ids
 };

@@ -65,6 +65,8 @@ class V41Backend : public ModelBackend {
   const ModelConfig& config() const override { return model_->config(); }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   StateGeometry Geometry(int64_t block_size) const override { return model_->geometry(block_size); }
+  bool supports_prefix_caching() const override { return true; }
+  StateGeometry CachingGeometry(int64_t block_size) const override { return model_->geometry(block_size, true); }
   int data_parallel_size() const override { return args_.data_parallel_size; }
   void CheckPeers() override {
     if (comm_) comm_->CheckPeers();
@@ -92,6 +94,8 @@ class V41Backend : public ModelBackend {
           c.slot = s.state.slot;
           c.logits = s.all_logits ? 2 : s.want_logits ? 1 : 0;
           c.reset = s.reset_state ? 1 : 0;
+          c.restore_prefix = s.restore_prefix;
+          if (s.restore_prefix > 0) c.restore_tokens.assign(s.restore_tokens, s.restore_tokens + s.num_restore_tokens);
           c.tokens.assign(s.tokens, s.tokens + s.len);
           c.block_table.assign(s.state.block_table, s.state.block_table + s.state.num_blocks);
           msg.shards[i].push_back(std::move(c));
@@ -236,7 +240,7 @@ int RunFollower(const EngineArgs& args) {
   std::signal(SIGTERM, SIG_IGN);
   LoadedModel lm = LoadModel(args, comm);
   if (args.num_threads != 0) SetNumThreads(args.num_threads);
-  const StateGeometry geometry = lm.model->geometry(args.block_size);
+  const StateGeometry geometry = lm.model->geometry(args.block_size, args.enable_prefix_caching);
   CachePool pool(geometry, KvBlocksFor(args, geometry), args.max_num_seqs);
   const int64_t vocab = lm.cfg.vocab_size;
   v41::ForwardOutput out;
@@ -264,6 +268,9 @@ int RunFollower(const EngineArgs& args) {
         f.len = c.len;
         f.start_pos = c.start_pos;
         f.state = pool.View(c.slot, c.block_table.data(), static_cast<int64_t>(c.block_table.size()));
+        if (c.restore_prefix > 0)
+          RestoreFixedState(f.state, c.restore_prefix, c.restore_tokens.data(),
+                            static_cast<int64_t>(c.restore_tokens.size()));
         // Replicated attention: the leader computes the logits; here only DP ranks do.
         f.logits = dp ? LogitsMode(c.logits == 2, c.logits == 1) : v41::ForwardSeq::Logits::kNone;
         batch.seqs.push_back(f);

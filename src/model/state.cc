@@ -8,7 +8,7 @@
 
 namespace deepinfer {
 
-StateGeometry StateGeometry::FromConfig(const ModelConfig& cfg, int64_t block_size) {
+StateGeometry StateGeometry::FromConfig(const ModelConfig& cfg, int64_t block_size, bool window_history) {
   if (block_size <= 0)
     Fail(ErrorKind::kInvalidArgument, "state block size {} must be positive", block_size);
   StateGeometry g;
@@ -19,8 +19,10 @@ StateGeometry StateGeometry::FromConfig(const ModelConfig& cfg, int64_t block_si
   auto& ik = g.kinds[static_cast<int>(StateKind::kIndexKey)];
   auto& carry = g.kinds[static_cast<int>(StateKind::kCompressorCarry)];
   auto& eng = g.kinds[static_cast<int>(StateKind::kEngram)];
+  auto& hist = g.kinds[static_cast<int>(StateKind::kWindowHistory)];
   for (int l = 0; l < cfg.n_layers; ++l) {
     win.regions.push_back({l, cfg.head_dim * 2, cfg.window_size});
+    if (window_history) hist.regions.push_back({l, cfg.head_dim * 2, block_size});
     const int r = cfg.compress_ratios.at(l);
     const bool kv_source = std::find(cfg.kv_source_layers.begin(), cfg.kv_source_layers.end(), l) !=
                            cfg.kv_source_layers.end();
@@ -38,12 +40,43 @@ StateGeometry StateGeometry::FromConfig(const ModelConfig& cfg, int64_t block_si
 }
 
 int64_t StateGeometry::PagedBytesPerBlock() const {
-  return of(StateKind::kCompressedKv).bytes_per_block() + of(StateKind::kIndexKey).bytes_per_block();
+  return of(StateKind::kCompressedKv).bytes_per_block() + of(StateKind::kIndexKey).bytes_per_block() +
+         of(StateKind::kWindowHistory).bytes_per_block();
 }
 
 int64_t StateGeometry::FixedBytesPerSlot() const {
   return of(StateKind::kWindow).bytes_per_block() + of(StateKind::kCompressorCarry).bytes_per_block() +
          of(StateKind::kEngram).bytes_per_block();
+}
+
+void RestoreFixedState(const SequenceStateView& view, int64_t prefix_len, const int32_t* lookback_tokens,
+                       int64_t num_lookback_tokens) {
+  const StateGeometry& g = *view.geometry;
+  if (!g.has_window_history()) Fail(ErrorKind::kInternal, "RestoreFixedState: the pool has no window history");
+  if (prefix_len <= 0 || prefix_len % g.block_size != 0)
+    Fail(ErrorKind::kInternal, "RestoreFixedState: prefix {} is not a positive multiple of block size {}", prefix_len,
+         g.block_size);
+  const StateKindGeometry& win = g.of(StateKind::kWindow);
+  const StateKindGeometry& hist = g.of(StateKind::kWindowHistory);
+  for (size_t ri = 0; ri < win.regions.size(); ++ri) {
+    const StateRegionGeometry& w = win.regions[ri];
+    const int hr = hist.RegionOf(w.layer);
+    DI_CHECK(hr >= 0 && hist.regions[hr].row_bytes == w.row_bytes);
+    for (int64_t p = std::max<int64_t>(0, prefix_len - w.rows_per_block); p < prefix_len; ++p)
+      std::memcpy(view.Row(StateKind::kWindow, static_cast<int>(ri), p % w.rows_per_block),
+                  view.Row(StateKind::kWindowHistory, hr, p), static_cast<size_t>(w.row_bytes));
+  }
+  const StateKindGeometry& eng = g.of(StateKind::kEngram);
+  if (!eng.regions.empty()) {
+    // Raw ids of positions prefix_len − L .. prefix_len − 1 (−1 before the sequence), as the forward leaves them.
+    const int64_t L = eng.regions[0].rows_per_block;
+    int32_t* st = reinterpret_cast<int32_t*>(view.Row(StateKind::kEngram, 0, 0));
+    for (int64_t i = 0; i < L; ++i) {
+      const int64_t back = L - i;  // positions before prefix_len
+      const int32_t v = back <= num_lookback_tokens ? lookback_tokens[num_lookback_tokens - back] : -1;
+      std::memcpy(st + i, &v, sizeof(v));
+    }
+  }
 }
 
 DenseStateArena::DenseStateArena(const StateGeometry& geometry, int num_slots, int64_t num_blocks)

@@ -23,6 +23,13 @@
 //   kEngram      per sequence (not per layer): int32 [max(1, engram_max_ngram_size-1)]
 //                raw token ids of the last positions before the current call
 //                (-1 = none / DEAD). Fixed size → `slot`.
+//   kWindowHistory  (only with prefix caching, FromConfig(..., window_history))
+//                every layer: the window row of EVERY position (the same BF16
+//                bits the ring gets), paged like the compressed KV with
+//                block_size rows per block. A prefix-cache hit of H tokens
+//                rebuilds the ring from the history rows of positions
+//                [H - window, H) (RestoreFixedState), so the paged blocks
+//                carry everything a hit needs (docs/engine.md "Prefix caching").
 //
 // Layout: one allocation per kind, layer-major — each layer's region is
 // contiguous: region i starts at base + region_offset[i]. Paged kinds use one
@@ -42,7 +49,7 @@
 
 namespace deepinfer {
 
-enum class StateKind { kWindow = 0, kCompressedKv, kIndexKey, kCompressorCarry, kEngram, kCount };
+enum class StateKind { kWindow = 0, kCompressedKv, kIndexKey, kCompressorCarry, kEngram, kWindowHistory, kCount };
 
 // Geometry of one region (one layer's part of one state kind).
 struct StateRegionGeometry {
@@ -56,7 +63,9 @@ struct StateRegionGeometry {
 struct StateKindGeometry {
   StateKind kind = StateKind::kWindow;
   std::vector<StateRegionGeometry> regions;
-  bool paged() const { return kind == StateKind::kCompressedKv || kind == StateKind::kIndexKey; }
+  bool paged() const {
+    return kind == StateKind::kCompressedKv || kind == StateKind::kIndexKey || kind == StateKind::kWindowHistory;
+  }
   // Region index of a model layer, -1 if that layer has no region of this kind.
   int RegionOf(int layer) const {
     for (size_t i = 0; i < regions.size(); ++i) if (regions[i].layer == layer) return static_cast<int>(i);
@@ -78,7 +87,9 @@ struct StateGeometry {
 
   // Builds the geometry from a config. Throws kInvalidArgument if block_size
   // is not a positive multiple of every KV-source layer's compress ratio.
-  static StateGeometry FromConfig(const ModelConfig& cfg, int64_t block_size);
+  // window_history adds the kWindowHistory kind (prefix caching).
+  static StateGeometry FromConfig(const ModelConfig& cfg, int64_t block_size, bool window_history = false);
+  bool has_window_history() const { return !of(StateKind::kWindowHistory).regions.empty(); }
   const StateKindGeometry& of(StateKind k) const { return kinds[static_cast<int>(k)]; }
   // Paged blocks a sequence of `num_tokens` tokens needs: ceil(num_tokens / block_size).
   int64_t BlocksForTokens(int64_t num_tokens) const { return (num_tokens + block_size - 1) / block_size; }
@@ -110,13 +121,27 @@ struct SequenceStateView {
     const StatePoolView& p = pools[static_cast<int>(kind)];
     const StateRegionGeometry& g = geometry->of(kind).regions[region];
     uint8_t* r = p.base + p.region_offset[region];
-    if (kind == StateKind::kCompressedKv || kind == StateKind::kIndexKey) {
+    if (kind == StateKind::kCompressedKv || kind == StateKind::kIndexKey || kind == StateKind::kWindowHistory) {
       return r + static_cast<int64_t>(block_table[row / g.rows_per_block]) * g.block_bytes() +
              (row % g.rows_per_block) * g.row_bytes;
     }
     return r + static_cast<int64_t>(slot) * g.block_bytes() + row * g.row_bytes;
   }
 };
+
+// Prefix-cache hit (docs/engine.md "Prefix caching"): rebuilds the fixed
+// state of a sequence whose first `prefix_len` positions are in its paged
+// blocks, as if those positions had just been computed: every layer's window
+// ring from the kWindowHistory rows of positions [prefix_len − window,
+// prefix_len); the Engram look-back from `lookback_tokens` (the raw ids of the
+// positions before prefix_len, oldest first, as many as the region holds;
+// fewer at the start of the sequence); the ratio-2 compressor carry needs
+// nothing (prefix_len is a multiple of block_size, hence of every ratio: no
+// group is open). The slot must be zeroed first. Throws Error(kInternal) if
+// the geometry has no window history or prefix_len is not a multiple of
+// block_size.
+void RestoreFixedState(const SequenceStateView& view, int64_t prefix_len, const int32_t* lookback_tokens,
+                       int64_t num_lookback_tokens);
 
 // Simple owner of state memory for tests and the single-sequence CLI path:
 // `num_slots` fixed slots and `num_blocks` paged blocks per kind, all zeroed.

@@ -1,6 +1,7 @@
 #include "scheduler/scheduler.h"
 
 #include <algorithm>
+#include <span>
 
 #include "base/error.h"
 
@@ -64,7 +65,7 @@ const SeqState* Scheduler::Get(uint64_t id) const {
   return it == seqs_.end() ? nullptr : it->second.get();
 }
 
-void Scheduler::Add(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens) {
+void Scheduler::Add(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens, bool cacheable) {
   if (seqs_.count(id)) Fail(ErrorKind::kInternal, "request id {} added twice", id);
   const int64_t n = static_cast<int64_t>(prompt.size());
   if (n == 0) Fail(ErrorKind::kInvalidArgument, "prompt is empty");
@@ -84,6 +85,7 @@ void Scheduler::Add(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens
   s->num_prompt_tokens = n;
   s->token_ids = std::move(prompt);
   s->max_tokens = max_tokens;
+  s->cacheable = cacheable && config_.enable_prefix_caching;
   seqs_[id] = std::move(s);
   waiting_.push_back(id);
 }
@@ -95,9 +97,22 @@ void Scheduler::FreeResources(SeqState& s) {
   s.slot = -1;
 }
 
+uint64_t Scheduler::KeyOf(SeqState& s, int64_t b) {
+  const int64_t bs = config_.block_size;
+  DI_CHECK((b + 1) * bs <= static_cast<int64_t>(s.token_ids.size()));
+  while (static_cast<int64_t>(s.block_keys.size()) <= b) {
+    const int64_t i = static_cast<int64_t>(s.block_keys.size());
+    const uint64_t parent = i == 0 ? kRootKey : s.block_keys.back();
+    s.block_keys.push_back(
+        BlockManager::BlockKey(parent, std::span<const int32_t>(s.token_ids.data() + i * bs, static_cast<size_t>(bs))));
+  }
+  return s.block_keys[static_cast<size_t>(b)];
+}
+
 void Scheduler::Preempt(SeqState& s) {
   FreeResources(s);
   s.num_computed_tokens = 0;
+  s.num_published = 0;
   s.status = RequestStatus::kWaiting;
   ++s.num_preemptions;
   running_.erase(std::remove(running_.begin(), running_.end(), s.id), running_.end());
@@ -179,25 +194,49 @@ StepPlan Scheduler::Schedule(bool allow_prefill) {
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     SeqState& s = Mut(waiting_.front());
     const int64_t total = static_cast<int64_t>(s.token_ids.size());
-    const int64_t len = std::min(total, budget);
-    const int64_t need = BlocksFor(len);
-    if (blocks_.num_free_slots() == 0 || need > blocks_.num_free_blocks()) break;
+    // Prefix cache: the longest run of leading full blocks already published,
+    // leaving at least the last known token to compute (it gives the logits).
+    std::vector<int32_t> hits;
+    int64_t evictable_hits = 0;
+    if (s.cacheable) {
+      const int64_t bs = config_.block_size;
+      for (int64_t b = 0; b < (total - 1) / bs; ++b) {
+        const auto blk = blocks_.Lookup(KeyOf(s, b), ParentKeyOf(s, b),
+                                        std::span<const int32_t>(s.token_ids.data() + b * bs, static_cast<size_t>(bs)));
+        if (!blk) break;
+        hits.push_back(*blk);
+        evictable_hits += blocks_.is_evictable(*blk);
+      }
+    }
+    const int64_t hit = static_cast<int64_t>(hits.size()) * config_.block_size;
+    const int64_t len = std::min(total - hit, budget);
+    const int64_t need = BlocksFor(hit + len) - static_cast<int64_t>(hits.size());
+    if (blocks_.num_free_slots() == 0 || need + evictable_hits > blocks_.num_free_blocks()) break;
+    for (int32_t b : hits) blocks_.Acquire(b);
     auto got = blocks_.Allocate(need);
     DI_CHECK(got.has_value());
     auto slot = blocks_.AllocateSlot();
     DI_CHECK(slot.has_value());
-    s.block_table = std::move(*got);
+    s.block_table = std::move(hits);
+    s.block_table.insert(s.block_table.end(), got->begin(), got->end());
     s.slot = *slot;
-    s.num_computed_tokens = 0;
+    s.num_computed_tokens = hit;
+    s.num_published = hit / config_.block_size;
+    s.num_cached_tokens = hit;
+    if (s.cacheable) {
+      prefix_cache_queries_ += total;
+      prefix_cache_hits_ += hit;
+    }
     s.status = RequestStatus::kRunning;
     waiting_.pop_front();
     running_.push_back(s.id);
     ScheduledSeq q;
     q.id = s.id;
-    q.start = 0;
+    q.start = hit;
     q.len = len;
-    q.sample = len == total;
+    q.sample = hit + len == total;
     q.fresh_slot = true;
+    q.restore_prefix = hit;
     plan.seqs.push_back(q);
     budget -= len;
   }
@@ -231,6 +270,17 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled
     SeqState& s = *it->second;
     if (s.status != RequestStatus::kRunning) continue;  // finished/aborted meanwhile
     s.num_computed_tokens = q.start + q.len;
+    // Blocks the forward just completed are final: publish them for sharing.
+    if (s.cacheable) {
+      const int64_t bs = config_.block_size;
+      while ((s.num_published + 1) * bs <= s.num_computed_tokens &&
+             s.num_published < static_cast<int64_t>(s.block_table.size())) {
+        const int64_t b = s.num_published;
+        blocks_.Publish(s.block_table[static_cast<size_t>(b)], KeyOf(s, b), ParentKeyOf(s, b),
+                        std::span<const int32_t>(s.token_ids.data() + b * bs, static_cast<size_t>(bs)));
+        ++s.num_published;
+      }
+    }
     if (!q.sample) continue;
     s.token_ids.push_back(sampled[i]);
     if (s.num_output_tokens() >= s.max_tokens) Finish(s.id, SeqFinishReason::kLength);
@@ -239,7 +289,7 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled
 
 void Scheduler::CheckInvariants() const {
   blocks_.CheckInvariants();
-  int64_t owned = 0;
+  std::map<int32_t, int> owners;  // block → running requests holding it
   int slots = 0;
   for (const auto& [id, s] : seqs_) {
     if (s->status == RequestStatus::kRunning) {
@@ -247,14 +297,18 @@ void Scheduler::CheckInvariants() const {
       if (static_cast<int64_t>(s->block_table.size()) < BlocksFor(s->num_computed_tokens))
         Fail(ErrorKind::kInternal, "request {} has {} blocks for {} computed tokens", id, s->block_table.size(),
              s->num_computed_tokens);
-      owned += static_cast<int64_t>(s->block_table.size());
+      for (int32_t b : s->block_table) owners[b] += 1;
       ++slots;
     } else if (!s->block_table.empty() || s->slot >= 0) {
       Fail(ErrorKind::kInternal, "request {} holds blocks or a slot while not running", id);
     }
   }
-  if (owned != blocks_.num_used_blocks())
-    Fail(ErrorKind::kInternal, "requests own {} blocks but the pool has {} in use", owned, blocks_.num_used_blocks());
+  if (static_cast<int64_t>(owners.size()) != blocks_.num_used_blocks())
+    Fail(ErrorKind::kInternal, "requests own {} blocks but the pool has {} in use", owners.size(),
+         blocks_.num_used_blocks());
+  for (const auto& [b, n] : owners)
+    if (blocks_.refcount(b) != n)
+      Fail(ErrorKind::kInternal, "block {} is held by {} requests but has refcount {}", b, n, blocks_.refcount(b));
   if (slots != blocks_.num_used_slots())
     Fail(ErrorKind::kInternal, "requests own {} slots but the pool has {} in use", slots, blocks_.num_used_slots());
   if (static_cast<int>(running_.size()) > config_.max_num_seqs)

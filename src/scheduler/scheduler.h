@@ -44,6 +44,7 @@ struct SchedulerConfig {
   std::vector<int64_t> prefill_token_buckets;  // sorted ascending; empty = no padding
   std::vector<int64_t> decode_batch_buckets;   // sorted ascending; empty = no padding
   int64_t prompt_as_decode_max_tokens = 1;     // prompts this short run in decode-shaped steps
+  bool enable_prefix_caching = false;          // --enable-prefix-caching (docs/engine.md "Prefix caching")
   // Throws Error(kInvalidArgument) naming the bad field.
   void Validate() const;
 };
@@ -64,6 +65,11 @@ struct SeqState {
   RequestStatus status = RequestStatus::kWaiting;
   SeqFinishReason finish_reason = SeqFinishReason::kNone;
   int num_preemptions = 0;
+  // Prefix caching.
+  bool cacheable = true;              // may take and publish shared blocks
+  std::vector<uint64_t> block_keys;   // keys of the full blocks of token_ids so far (chained)
+  int64_t num_published = 0;          // leading blocks of block_table that are published (or were hits)
+  int64_t num_cached_tokens = 0;      // tokens taken from the cache at the last admission
   int64_t num_output_tokens() const { return static_cast<int64_t>(token_ids.size()) - num_prompt_tokens; }
 };
 
@@ -74,6 +80,9 @@ struct ScheduledSeq {
   int64_t len = 0;          // tokens in the chunk (>= 1)
   bool sample = false;      // the chunk ends at the last known token: sample one
   bool fresh_slot = false;  // slot newly assigned this step (its fixed state is stale)
+  // Prefix-cache hit: positions [0, restore_prefix) are in shared blocks
+  // (start == restore_prefix); the fixed state is rebuilt from them first.
+  int64_t restore_prefix = 0;
 };
 
 struct StepPlan {
@@ -93,7 +102,9 @@ class Scheduler {
   // Queues a request. prompt must be non-empty and at most max_model_len tokens,
   // and the whole request must fit in the pool, else Error(kInvalidArgument)
   // naming both numbers. max_tokens is clipped so prompt + output <= max_model_len.
-  void Add(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens);
+  // cacheable = false: never takes or publishes shared blocks (a request that
+  // needs every prompt row's logits, e.g. prompt_logprobs).
+  void Add(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens, bool cacheable = true);
   // Aborts a waiting or running request (frees its blocks at once). Unknown or
   // finished ids are ignored. Returns true if something was aborted.
   bool Abort(uint64_t id, SeqFinishReason reason = SeqFinishReason::kAbort);
@@ -121,6 +132,10 @@ class Scheduler {
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
   const BlockManager& blocks() const { return blocks_; }
+  // Prefix caching (vLLM's prefix_cache_queries / prefix_cache_hits): tokens
+  // of admitted requests looked up, and of those found in the cache.
+  int64_t prefix_cache_queries() const { return prefix_cache_queries_; }
+  int64_t prefix_cache_hits() const { return prefix_cache_hits_; }
   const SchedulerConfig& config() const { return config_; }
   // Throws Error(kInternal) if the block manager and the requests disagree.
   void CheckInvariants() const;
@@ -130,6 +145,11 @@ class Scheduler {
   void Preempt(SeqState& s);
   void FreeResources(SeqState& s);
   int64_t BlocksFor(int64_t tokens) const { return (tokens + config_.block_size - 1) / config_.block_size; }
+  // Key of full block b of s.token_ids (and its parent's), computing the chain as needed.
+  uint64_t KeyOf(SeqState& s, int64_t b);
+  uint64_t ParentKeyOf(SeqState& s, int64_t b) { return b == 0 ? kRootKey : KeyOf(s, b - 1); }
+  static constexpr uint64_t kRootKey = 0x6465657069666572ull;
+  int64_t prefix_cache_queries_ = 0, prefix_cache_hits_ = 0;
 
   SchedulerConfig config_;
   BlockManager blocks_;

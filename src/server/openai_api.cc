@@ -602,6 +602,7 @@ ReasoningSplitter::Delta ResponseBuilder::Apply(Choice& c, ChoiceOutput& o) {
   if (req_.want_logprobs) c.logprobs.insert(c.logprobs.end(), out.new_logprobs.begin(), out.new_logprobs.end());
   if (req_.want_prompt_logprobs && !out.prompt_logprobs.empty()) c.prompt_logprobs = std::move(out.prompt_logprobs);
   if (out.finished && !c.finished) {
+    c.cached_tokens = out.num_cached_tokens;
     ReasoningSplitter::Delta tail = c.splitter.Flush();
     d.reasoning += tail.reasoning;
     d.content += tail.content;
@@ -634,7 +635,15 @@ json ResponseBuilder::Usage() const {
   int64_t prompt = 0, completion = 0;
   for (const auto& p : req_.prompts) prompt += static_cast<int64_t>(p.size());
   for (const Choice& c : choices_) completion += static_cast<int64_t>(c.token_ids.size());
-  return json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+  // OpenAI's prompt_tokens_details.cached_tokens: prompt tokens served from
+  // the prefix cache (the first choice of each prompt; with n > 1 the others
+  // share its prompt).
+  int64_t cached = 0;
+  for (size_t i = 0; i < choices_.size(); i += static_cast<size_t>(std::max(1, req_.n))) cached += choices_[i].cached_tokens;
+  return json{{"prompt_tokens", prompt},
+              {"completion_tokens", completion},
+              {"total_tokens", prompt + completion},
+              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 std::string ResponseBuilder::Prologue() {

@@ -201,6 +201,7 @@ class ResponseBuilder {
     std::string finish_reason;
     nlohmann::json stop_reason;  // null, string or int
     int64_t text_offset = 0;     // completions logprobs: offset of the next token's text
+    int64_t cached_tokens = 0;   // prompt tokens from the prefix cache (set when finished)
   };
   std::string Event(const nlohmann::json& chunk) const;
   nlohmann::json Usage() const;

@@ -81,6 +81,23 @@ for x, y in zip(a, b):
 print("prompt_logprobs np 2 --ep 2 --dp 2: bit-identical to one process")
 PY
 
+# ---- prefix caching on the DP ranks: every prompt twice; the hits equal a run without the cache
+cat "$PROMPTS" "$PROMPTS" >"$T/dup.jsonl"
+D=(generate --model "$TINY" --prompts "$T/dup.jsonl" --threads 1 --temperature 0 --logprobs 2 --max-num-seqs 4 --no-progress)
+"$BIN" "${D[@]}" --no-enable-prefix-caching --output "$T/dref.jsonl" 2>"$T/err" || fail "no cache: $(cat "$T/err")"
+"${MPIRUN[@]}" -np 2 "$BIN" "${D[@]}" --ep 2 --dp 2 --output "$T/d.jsonl" 2>"$T/err" || fail "cache, dp 2: $(tail -5 "$T/err")"
+grep -q "generate: prefix cache: [1-9][0-9]* of" "$T/err" || fail "no prefix-cache hits with --dp 2: $(tail -3 "$T/err")"
+python3 - "$T/dref.jsonl" "$T/d.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 128
+assert all(x["token_ids"] == y["token_ids"] and x["logprobs"] == y["logprobs"] for x, y in zip(a, b))
+hits = sum(y["cached_tokens"] for y in b)
+assert hits > 0 and all(x["cached_tokens"] == 0 for x in a), hits
+print(f"prefix caching with --ep 2 --dp 2: {hits} cached prompt tokens, bit-identical to no cache")
+PY
+
 # ---- seeded sampling, small token budget, a pool small enough to preempt
 S=(generate --model "$TINY" --prompts "$PROMPTS" --threads 1 --temperature 0.9 --top-p 0.95 --seed 7 --logprobs 2
    --max-num-batched-tokens 16 --num-kv-blocks 16 --max-model-len 256 --no-progress)

@@ -259,7 +259,7 @@ void ForwardPass::Validate() {
            "Forward: sequence {}: state geometry does not match the model (window regions {}, expected {} of {} "
            "rows of {} bytes); build it with V41Model::geometry()",
            s, wr.size(), c_.n_layers, c_.window_size, c_.head_dim * 2);
-    if (paged) {
+    if (paged || g.has_window_history()) {
       const int64_t need = g.BlocksForTokens(q.start_pos + q.len);
       if (q.state.block_table == nullptr || q.state.num_blocks < need)
         Fail(ErrorKind::kInvalidArgument,
@@ -621,6 +621,11 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
     const SeqInfo& qi = seq_[s];
     for (int64_t i = std::max<int64_t>(0, qi.T - win); i < qi.T; ++i)
       std::memcpy(Row(s, StateKind::kWindow, l, (qi.start + i) % win), kvb.data() + (qi.row0 + i) * D, D * 2);
+    // Prefix caching: every position's window row also goes to the paged
+    // history, from which a cache hit rebuilds the ring (model/state.h).
+    if (St(s).geometry->has_window_history())
+      for (int64_t i = 0; i < qi.T; ++i)
+        std::memcpy(Row(s, StateKind::kWindowHistory, l, qi.start + i), kvb.data() + (qi.row0 + i) * D, D * 2);
   }
   core.reset();
   // Grouped BF16 wo_a, then FP8 wo_b.

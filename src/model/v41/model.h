@@ -147,7 +147,10 @@ class V41Model {
 
   const ModelConfig& config() const { return cfg_; }
   // State geometry for a paged block of `block_size` tokens (model/state.h).
-  StateGeometry geometry(int64_t block_size) const { return StateGeometry::FromConfig(cfg_, block_size); }
+  // window_history: with the paged window history prefix caching needs.
+  StateGeometry geometry(int64_t block_size, bool window_history = false) const {
+    return StateGeometry::FromConfig(cfg_, block_size, window_history);
+  }
 
   // Runs the batch. Validates first (Error kInvalidArgument naming the
   // sequence: empty chunk, negative start_pos, token id outside the
