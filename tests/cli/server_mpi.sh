@@ -64,6 +64,14 @@ assert done["long"][1]["usage"]["completion_tokens"] == 400, done["long"][1]["us
 assert done["short"][0] < done["long"][0], "the late request waited for the long decode"
 print(f"late request served in {done['short'][0] - t0:.2f} s while the long one decoded "
       f"(it finished {done['long'][0] - done['short'][0]:.2f} s later)")
+# Prefix caching through the API: the same 40-token prompt twice; the second reports cached tokens.
+prompt = list(range(1000, 1040))
+u1 = post({"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0})
+u2 = post({"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0})
+assert u1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, u1["usage"]
+assert u2["usage"]["prompt_tokens_details"]["cached_tokens"] == 32, u2["usage"]  # 2 full blocks of 16
+assert u1["choices"][0]["text"] == u2["choices"][0]["text"]
+print("usage.prompt_tokens_details.cached_tokens: 0 cold, 32 on the repeat")
 PY
 
 # 3. lose the follower
