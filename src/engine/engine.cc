@@ -205,6 +205,15 @@ void ComputePromptLogprobs(Engine::Impl& m, const Scheduler& sched, const std::v
 
 }  // namespace
 
+void ValidateEngineArgs(const EngineArgs& args) {
+  if (args.max_num_seqs < 1) Fail(ErrorKind::kInvalidArgument, "--max-num-seqs must be >= 1, got {}", args.max_num_seqs);
+  if (args.max_model_len < 2) Fail(ErrorKind::kInvalidArgument, "--max-model-len must be >= 2, got {}", args.max_model_len);
+  if (args.block_size < 1) Fail(ErrorKind::kInvalidArgument, "--block-size must be >= 1, got {}", args.block_size);
+  if (args.max_num_batched_tokens < 1)
+    Fail(ErrorKind::kInvalidArgument, "--max-num-batched-tokens must be >= 1, got {}", args.max_num_batched_tokens);
+  if (args.num_kv_blocks < 0) Fail(ErrorKind::kInvalidArgument, "--num-kv-blocks must be >= 0, got {}", args.num_kv_blocks);
+}
+
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
@@ -216,9 +225,7 @@ std::unique_ptr<Engine> Engine::OpenWithBackend(const EngineArgs& args, std::uni
   impl->tokenizer = std::move(tokenizer);
   if (args.num_threads != 0) SetNumThreads(args.num_threads);
   const ModelConfig& cfg = impl->backend->config();
-  if (args.max_num_seqs < 1) Fail(ErrorKind::kInvalidArgument, "--max-num-seqs must be >= 1, got {}", args.max_num_seqs);
-  if (args.max_model_len < 2) Fail(ErrorKind::kInvalidArgument, "--max-model-len must be >= 2, got {}", args.max_model_len);
-  if (args.block_size < 1) Fail(ErrorKind::kInvalidArgument, "--block-size must be >= 1, got {}", args.block_size);
+  ValidateEngineArgs(args);
   const bool caching = args.enable_prefix_caching && impl->backend->supports_prefix_caching();
   StateGeometry geometry =
       caching ? impl->backend->CachingGeometry(args.block_size) : impl->backend->Geometry(args.block_size);
@@ -585,7 +592,12 @@ std::vector<RequestOutput> Engine::Step() {
       int64_t width = 0;  // rows per shard in a decode step (the largest padded batch)
       for (const ShardStep& st : steps) {
         if (st.plan.empty()) continue;
+        // The static exchange needs exactly one row per sequence on every
+        // rank: a decode-shaped step whose chunks are longer (short prompts
+        // under --prompt-as-decode-max-tokens) takes the general path.
         decode_step &= st.plan.decode_shaped;
+        for (const ScheduledSeq& q : st.plan.seqs) decode_step &= q.len == 1;
+        decode_step &= st.plan.num_padding_tokens == 0;
         width = std::max<int64_t>(width, static_cast<int64_t>(st.plan.seqs.size()) + st.plan.num_padding_seqs);
       }
       if (D > 1) {

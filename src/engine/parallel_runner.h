@@ -35,6 +35,11 @@ namespace deepinfer {
 // max_num_seqs × max_model_len. Throws Error(kInvalidArgument) naming the flag.
 int64_t KvBlocksFor(const EngineArgs& args, const StateGeometry& geometry);
 
+// The engine's own argument checks (--max-num-seqs, --max-model-len,
+// --block-size, --max-num-batched-tokens, --num-kv-blocks), run by every rank
+// before it builds its pool so that all ranks fail with the same message.
+void ValidateEngineArgs(const EngineArgs& args);
+
 // Checks --ep / --dp / --dp-moe-exchange / --prefill-attempt-interval against
 // the job's rank count; throws Error(kInvalidArgument) naming the flags.
 void CheckParallelArgs(const EngineArgs& args, int world_size);

@@ -234,6 +234,7 @@ int RunFollower(const EngineArgs& args) {
   Communicator* comm = ParallelWorld(args);
   if (!comm || comm->rank() == 0) Fail(ErrorKind::kInternal, "RunFollower on the leader");
   const int me = comm->rank();
+  ValidateEngineArgs(args);
   // mpirun forwards SIGINT/SIGTERM to every rank; a follower stops when the
   // leader's stop message arrives (after the leader has finished its shutdown).
   std::signal(SIGINT, SIG_IGN);

@@ -65,7 +65,8 @@ namespace {
 class MpiCommunicator : public Communicator {
  public:
   MpiCommunicator() {
-    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    // MPI_COMM_WORLD itself (MPI_Comm_dup would block, unpolled, if a rank died at start-up).
+    comm_ = MPI_COMM_WORLD;
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -78,7 +79,13 @@ class MpiCommunicator : public Communicator {
     const std::string h = HostName();
     std::strncpy(me.host, h.c_str(), sizeof(me.host) - 1);
     std::vector<Peer> all(static_cast<size_t>(size_));
-    Check(MPI_Allgather(&me, sizeof(Peer), MPI_BYTE, all.data(), sizeof(Peer), MPI_BYTE, comm_), "MPI_Allgather");
+    // Polled like every collective; nobody's pid is known yet, so only the
+    // start-up timeout bounds the wait for a rank that died while starting.
+    MPI_Request r;
+    Check(MPI_Iallgather(&me, sizeof(Peer), MPI_BYTE, all.data(), sizeof(Peer), MPI_BYTE, comm_, &r), "MPI_Iallgather");
+    timeout_s_ = 120;
+    Wait(&r, "start-up (exchange of rank pids)");
+    timeout_s_ = 0;
     for (const Peer& p : all) {
       pids_.push_back(p.pid);
       hosts_.emplace_back(p.host);
@@ -194,6 +201,7 @@ class MpiCommunicator : public Communicator {
   }
   // A peer on this host whose process is gone, or -1.
   int DeadLocalPeer() const {
+    if (static_cast<int>(pids_.size()) != size_) return -1;  // still starting: pids not exchanged yet
     for (int q = 0; q < size_; ++q) {
       if (q == rank_ || hosts_[q] != hosts_[rank_]) continue;
       if (kill(static_cast<pid_t>(pids_[q]), 0) != 0 && errno == ESRCH) return q;
@@ -221,8 +229,9 @@ class MpiCommunicator : public Communicator {
       }
       const double waited = std::chrono::duration<double>(now - start).count();
       if (timeout_s_ > 0 && waited > timeout_s_)
-        Break(-1, fmt::format("{} on rank {} waited {:.0f} s for its peers (--distributed-timeout): a rank on another "
-                              "host is gone or stuck",
+        Break(-1, fmt::format("{} on rank {} waited {:.0f} s for its peers (--distributed-timeout): a rank is stuck "
+                              "(stopped, or much slower), or a rank on another host is gone; ranks on this host are "
+                              "alive",
                               what, rank_, waited));
     }
   }

@@ -63,6 +63,18 @@ PY
   fi
 done
 
+# ---- decode-shaped steps with multi-token chunks (short prompts as decodes) take the general exchange
+printf '{"prompt":"a b c","max_tokens":4}\n{"prompt":"hello there friend","max_tokens":5}\n{"prompt":"The quick brown fox jumps over the lazy dog","max_tokens":5}\n' >"$T/short.jsonl"
+SH=(generate --model "$TINY" --prompts "$T/short.jsonl" --threads 1 --temperature 0 --logprobs 2 --prompt-as-decode-max-tokens 8 --no-progress)
+"$BIN" "${SH[@]}" --output "$T/shref.jsonl" 2>"$T/err" || fail "short prompts, one process: $(cat "$T/err")"
+timeout 300 "${MPIRUN[@]}" -np 2 "$BIN" "${SH[@]}" --ep 2 --dp 2 --output "$T/sh.jsonl" 2>"$T/err" ||
+  fail "short prompts as decodes, --dp 2: $(tail -5 "$T/err")"
+python3 -c "
+import json, sys
+a, b = ([(j['token_ids'], j['logprobs']) for j in map(json.loads, open(f))] for f in sys.argv[1:])
+assert a == b, 'short prompts as decodes differ'
+print('prompt-as-decode chunks with --dp 2: bit-identical to one process')" "$T/shref.jsonl" "$T/sh.jsonl"
+
 # ---- prompt_logprobs: every prompt row's logits gathered from the DP ranks
 PL=(generate --model "$TINY" --prompts "$PROMPTS" --num-prompts 6 --threads 1 --temperature 0 --prompt-logprobs 2
     --max-num-batched-tokens 48 --no-progress)
