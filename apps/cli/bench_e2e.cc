@@ -1,5 +1,5 @@
 // deepinfer bench e2e --model DIR --json OUT [--png PNG] [--threads N]
-//                     [--batches 1,4,16] [--prompt-len N] [--decode-steps N]
+//                     [--batches 1 4 16] [--prompt-len N] [--decode-steps N]
 //
 // End-to-end V4.1 forward speed on a checkpoint (meant for the `large`
 // make-tiny preset, a few GB): prefill tok/s and decode tok/s at each batch
@@ -157,6 +157,9 @@ void RunE2e(const E2eArgs& a) {
   out["machine"] = MachineJson(threads);
   out["model"] = a.model;
   std::printf("bench e2e: %s, %d threads, target %s\n", a.model.c_str(), threads, cpu::ActiveTarget().c_str());
+  if (a.dp > 1)
+    std::printf("  --dp %d: every rank runs its own batch; tok/s below are the job's (all ranks), GB/s one rank's\n",
+                a.dp);
   // The triad runs on rank 0 alone (the others wait), so it is one rank's bandwidth.
   json stream = leader ? MeasureStream(int64_t{32} << 20, 5) : json{{"triad", {{"gbps", 0.0}}}};
   if (comm) comm->Barrier();
@@ -202,8 +205,8 @@ void RunE2e(const E2eArgs& a) {
                      {"replicated_bytes", all[4 * q + 2]},
                      {"packed_bytes", all[4 * q + 3]}});
     out["weight_bytes_per_rank"] = per;
-    std::printf("  %d rank(s): routed experts %.1f MB per rank, Engram rows %.1f MB, replicated %.1f MB\n",
-                world.size(), all[0] / 1e6, all[1] / 1e6, all[2] / 1e6);
+    std::printf("  %d rank(s): routed experts %.1f MiB per rank, Engram rows %.1f MiB, replicated %.1f MiB\n",
+                world.size(), all[0] / 1048576.0, all[1] / 1048576.0, all[2] / 1048576.0);
   }
   {
     std::unique_ptr<TensorStore> store = TensorStore::Open(dir);

@@ -27,7 +27,9 @@
 
 #include "base/error.h"
 #include "commands.h"
+#include "engine/parallel_runner.h"
 #include "engine_flags.h"
+#include "parallel/communicator.h"
 #include "tokenizer/chat_format.h"
 #include "tokenizer/tokenizer.h"
 
@@ -75,6 +77,7 @@ json PromptLogprobsJson(const std::vector<std::optional<LogprobsEntry>>& entries
 
 void RunGenerate(const GenerateOptions& o) {
   const EngineArgs args = o.engine.Resolve();
+  CheckParallelArgs(args, World().size());  // before anything else (serve binds its port next)
   // Under mpirun, ranks > 0 follow the leader's steps (docs/parallel.md).
   if (IsFollowerRank()) {
     if (const int rc = RunFollower(args); rc != 0) FollowerExit(rc);

@@ -19,7 +19,9 @@
 
 #include "base/error.h"
 #include "commands.h"
+#include "engine/parallel_runner.h"
 #include "engine_flags.h"
+#include "parallel/communicator.h"
 #include "server/http_server.h"
 
 namespace deepinfer::cli {
@@ -39,6 +41,7 @@ struct ServeOptions {
 void RunServe(ServeOptions& o) {
   o.engine.args.model = o.model;
   const EngineArgs args = o.engine.Resolve();
+  CheckParallelArgs(args, World().size());  // before anything else (serve binds its port next)
   // Under mpirun, ranks > 0 follow the leader's steps; only rank 0 serves HTTP (docs/parallel.md).
   if (IsFollowerRank()) {
     if (const int rc = RunFollower(args); rc != 0) FollowerExit(rc);

@@ -27,6 +27,11 @@ void CheckParallelArgs(const EngineArgs& args, int world_size) {
   const int ep = args.expert_parallel_size, dp = args.data_parallel_size;
   if (ep < 1) Fail(ErrorKind::kInvalidArgument, "--ep must be >= 1, got {}", ep);
   if (dp < 1) Fail(ErrorKind::kInvalidArgument, "--dp must be >= 1, got {}", dp);
+  if (dp > 1 && ep == 1)
+    Fail(ErrorKind::kInvalidArgument,
+         "--dp {} needs --ep {}: data-parallel attention runs on expert-parallel ranks (mpirun -np {} ... --ep {} "
+         "--dp {})",
+         dp, dp, dp, dp, dp);
   if (world_size == 1 && (ep > 1 || dp > 1))
     Fail(ErrorKind::kInvalidArgument,
          "--ep {} --dp {} needs {} ranks, but this is one process: start it with mpirun -np {}", ep, dp,

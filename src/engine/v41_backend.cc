@@ -53,7 +53,7 @@ class V41Backend : public ModelBackend {
   V41Backend(std::unique_ptr<v41::V41Model> model, Communicator* comm, const EngineArgs& args)
       : model_(std::move(model)), comm_(comm), args_(args) {}
   ~V41Backend() override {
-    if (!comm_) return;
+    if (!comm_ || comm_->broken()) return;  // a lost rank: the others stop by themselves
     try {
       StepMessage stop;
       stop.kind = StepMessage::kStop;
@@ -222,7 +222,11 @@ std::unique_ptr<Engine> Engine::Open(const EngineArgs& args) {
   if (comm && comm->rank() != 0)
     Fail(ErrorKind::kInternal, "Engine::Open on follower rank {} (call RunFollower)", comm->rank());
   LoadedModel lm = LoadModel(args, comm);
-  return OpenWithBackend(args, std::make_unique<V41Backend>(std::move(lm.model), comm, args), std::move(lm.tokenizer));
+  auto engine =
+      OpenWithBackend(args, std::make_unique<V41Backend>(std::move(lm.model), comm, args), std::move(lm.tokenizer));
+  // Every rank has loaded its share and built its pool: "ready" means the whole job.
+  if (comm) comm->Barrier();
+  return engine;
 }
 
 bool IsFollowerRank() {
@@ -246,6 +250,7 @@ int RunFollower(const EngineArgs& args) {
   const int64_t vocab = lm.cfg.vocab_size;
   v41::ForwardOutput out;
   try {
+    comm->Barrier();  // the leader's Engine::Open waits for every rank's load
     for (;;) {
       // Wait for the leader's next step for as long as it takes (an idle
       // server); the pid checks still notice a dead leader.

@@ -97,7 +97,7 @@ class MpiCommunicator : public Communicator {
   const char* backend() const override { return "mpi"; }
   const std::vector<std::string>& hosts() const override { return hosts_; }
   void set_timeout(double seconds) override { timeout_s_ = seconds; }
-  bool broken() const { return broken_; }
+  bool broken() const override { return broken_; }
   void CheckPeers() override {
     Enter("CheckPeers");
     const int dead = DeadLocalPeer();

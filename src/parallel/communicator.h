@@ -81,6 +81,8 @@ class Communicator {
   // Throws RankLostError if a peer's process on this host is gone (cheap;
   // for an idle leader, which runs no collective that would notice).
   virtual void CheckPeers() = 0;
+  // True once a peer was lost: every collective throws RankLostError.
+  virtual bool broken() const = 0;
 
   // ---- typed helpers (T trivially copyable)
   template <class T>
@@ -133,6 +135,7 @@ class LocalCommunicator : public Communicator {
   void Barrier() override {}
   void set_timeout(double) override {}
   void CheckPeers() override {}
+  bool broken() const override { return false; }
 
  private:
   std::vector<std::string> hosts_;

@@ -247,8 +247,7 @@ void EngineLoop::Run() {
       if (state_ == State::kReady) {
         // Requests still in flight fail in the next Step; new ones get 503.
         load_error_ = "a rank of the parallel job was lost: " + *engine_->fatal_error();
-        state_ = State::kFailed;
-        spdlog::error("{}", load_error_);
+        state_ = State::kFailed;  // the engine already logged the lost rank
       }
     }
     if (engine_->HasUnfinished()) {
