@@ -234,10 +234,13 @@ PlpRun RunPlp(const EngineArgs& args, const std::vector<GenerateRequest>& reqs, 
     while (engine->HasUnfinished()) {
       for (auto& o : engine->Step()) {
         auto& toks = res.tokens[o.request_id];
-        if (wants.at(o.request_id) && !o.new_token_ids.empty() && toks.empty())
+        if (wants.at(o.request_id) && !o.new_token_ids.empty() && toks.empty()) {
           // the first token comes with or after prompt_logprobs
           EXPECT_TRUE(first.count(o.request_id) || !o.prompt_logprobs.empty()) << o.request_id;
-        if (!wants.at(o.request_id)) EXPECT_TRUE(o.prompt_logprobs.empty());
+        }
+        if (!wants.at(o.request_id)) {
+          EXPECT_TRUE(o.prompt_logprobs.empty());
+        }
         toks.insert(toks.end(), o.new_token_ids.begin(), o.new_token_ids.end());
         if (!o.prompt_logprobs.empty()) {
           if (!o.finished) {
@@ -249,7 +252,9 @@ PlpRun RunPlp(const EngineArgs& args, const std::vector<GenerateRequest>& reqs, 
         if (o.finished) {
           EXPECT_EQ(o.finish_reason == "error", !o.error.empty());
           res.plp[o.request_id] = o.prompt_logprobs;
-          if (first.count(o.request_id)) EXPECT_TRUE(SamePromptLp(first[o.request_id], o.prompt_logprobs));
+          if (first.count(o.request_id)) {
+            EXPECT_TRUE(SamePromptLp(first[o.request_id], o.prompt_logprobs));
+          }
         }
       }
     }
