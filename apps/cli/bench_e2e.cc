@@ -58,6 +58,7 @@ struct E2eArgs {
   // --dp N too, every rank runs its own batch of `batch` sequences and the
   // MoE layers exchange rows (general path for prefill, static for decode).
   int ep = 1, dp = 1;
+  std::string fp8_format = "e4m3fn";
 };
 
 // Bytes of weights a batch-1 decode token reads (see file comment).
@@ -123,6 +124,10 @@ void RunE2e(const E2eArgs& a) {
   if (a.decode_steps < 1 || a.decode_steps > 65536)
     Fail(ErrorKind::kInvalidArgument, "bench e2e: --decode-steps must be in [1, 65536], got {}", a.decode_steps);
   if (a.batches.empty()) Fail(ErrorKind::kInvalidArgument, "bench e2e: --batches needs at least one batch size");
+  Fp8Format fp8_format = Fp8Format::kE4M3FN;
+  if (!ParseFp8Format(a.fp8_format, &fp8_format))
+    Fail(ErrorKind::kInvalidArgument, "bench e2e: --fp8-format: unknown format '{}' (expected e4m3fn or e4m3-ieee)",
+         a.fp8_format);
   for (const int B : a.batches) {
     if (B < 1 || B > 4096) Fail(ErrorKind::kInvalidArgument, "bench e2e: --batches must be in [1, 4096], got {}", B);
     if (static_cast<int64_t>(B) * (a.prompt_len + a.decode_steps) > (int64_t{1} << 20))
@@ -156,6 +161,7 @@ void RunE2e(const E2eArgs& a) {
   out["benchmark"] = "e2e";
   out["machine"] = MachineJson(threads);
   out["model"] = a.model;
+  out["fp8_format"] = Fp8FormatName(fp8_format);
   std::printf("bench e2e: %s, %d threads, target %s\n", a.model.c_str(), threads, cpu::ActiveTarget().c_str());
   if (a.dp > 1)
     std::printf("  --dp %d: every rank runs its own batch; tok/s below are the job's (all ranks), GB/s one rank's\n",
@@ -171,6 +177,7 @@ void RunE2e(const E2eArgs& a) {
   const ModelConfig cfg = ModelConfig::Load(dir);
   v41::V41Options opts;
   opts.comm = comm;
+  opts.fp8_format = fp8_format;
   if (!cfg.engram_layer_ids.empty()) {
     if (fs::exists(dir / "tokenizer.json")) {
       const Tokenizer tok = Tokenizer::Load(dir);
@@ -420,6 +427,8 @@ void RegisterBenchE2e(CLI::App& bench) {
   e->add_option("--ep,--expert-parallel-size", args->ep, "Under mpirun -np N: routed experts split over N ranks")
       ->capture_default_str();
   e->add_option("--dp,--data-parallel-size", args->dp, "Under mpirun: each rank runs its own batch (1 or --ep N)")
+      ->capture_default_str();
+  e->add_option("--fp8-format", args->fp8_format, "FP8 numerics: e4m3fn | e4m3-ieee (see generate --help)")
       ->capture_default_str();
   e->callback([args] { RunE2e(*args); });
 }

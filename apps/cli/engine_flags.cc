@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "base/error.h"
+#include "format/numerics.h"
 
 namespace deepinfer::cli {
 
@@ -57,6 +58,8 @@ EngineArgs EngineFlags::Resolve() const {
   a.prefill_token_buckets = ParseIntList(prefill_buckets, "--prefill-token-buckets");
   a.decode_batch_buckets = ParseIntList(decode_buckets, "--decode-batch-buckets");
   a.logprobs_mode = ParseLogprobsMode(logprobs_mode);
+  if (Fp8Format f; !ParseFp8Format(a.fp8_format, &f))  // before serve binds its port; Engine::Open checks too
+    Fail(ErrorKind::kInvalidArgument, "--fp8-format: unknown format '{}' (expected e4m3fn or e4m3-ieee)", a.fp8_format);
   return a;
 }
 
@@ -102,6 +105,9 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
       ->capture_default_str();
   cmd->add_option("--distributed-timeout", f->args.distributed_timeout_s,
                   "Seconds a collective may wait for its peers before the job fails (0 = forever)")
+      ->capture_default_str();
+  cmd->add_option("--fp8-format", f->args.fp8_format,
+                  "FP8 numerics: e4m3fn (checkpoint) | e4m3-ieee (Neuron trn2: weights rescaled at load, max 224)")
       ->capture_default_str();
 }
 

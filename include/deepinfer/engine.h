@@ -58,6 +58,12 @@ struct EngineArgs {
   std::string dp_moe_exchange = "auto";    // --dp-moe-exchange auto|general: decode steps use the static
                                            // path (auto) or the general all-to-all path like prefill
   double distributed_timeout_s = 600;      // --distributed-timeout: a collective waiting this long fails
+  // --fp8-format: "e4m3fn" (default, the checkpoint's numerics) or "e4m3-ieee"
+  // (the Neuron trn2 contract: FP8 weights rescaled at load, activations and
+  // KV QAT quantised to 224; docs/kernels.md). Open() throws
+  // Error(kInvalidArgument) naming the flag for another name or for a
+  // checkpoint without FP8 weights.
+  std::string fp8_format = "e4m3fn";
 };
 
 struct GenerateRequest {

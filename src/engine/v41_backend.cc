@@ -173,6 +173,10 @@ LoadedModel LoadModel(const EngineArgs& args, Communicator* comm) {
   namespace fs = std::filesystem;
   const fs::path dir(args.model);
   if (args.model.empty()) Fail(ErrorKind::kInvalidArgument, "--model is required");
+  v41::V41Options opts;
+  if (!ParseFp8Format(args.fp8_format, &opts.fp8_format))
+    Fail(ErrorKind::kInvalidArgument, "--fp8-format: unknown format '{}' (expected e4m3fn or e4m3-ieee)",
+         args.fp8_format);
   if (!fs::is_directory(dir)) Fail(ErrorKind::kNotFound, "model directory {} does not exist", args.model);
   LoadedModel lm;
   lm.cfg = ModelConfig::Load(dir);
@@ -180,7 +184,6 @@ LoadedModel LoadModel(const EngineArgs& args, Communicator* comm) {
     Fail(ErrorKind::kInvalidArgument, "{}: model_type {} is not supported yet (only deepseek_v41)", args.model,
          lm.cfg.model_type);
   if (fs::exists(dir / "tokenizer.json")) lm.tokenizer = std::make_unique<Tokenizer>(Tokenizer::Load(dir));
-  v41::V41Options opts;
   opts.comm = comm;
   if (!args.engram_token_map.empty()) {
     opts.engram_token_map_file = args.engram_token_map;

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -139,17 +140,72 @@ TEST(CpuKernels, QuantizeActRowsMatchesScalarQuantiser) {
   });
 }
 
-void CheckFp8(int64_t M, int64_t N, int64_t K, int B, int act_block, uint64_t seed) {
+// The e4m3-ieee activation quantiser (maximum 224): the fast kernel is
+// bit-identical to the scalar QuantizeActE4M3(..., kE4M3Ieee) on the same rows
+// (ties, subnormal ties, the 224 / 240 / 448 edges, tiny and huge rows, NaN
+// and −Inf rows), every code is at most 224 in magnitude (no exponent field
+// 15) and every scale is exactly twice the standard mode's.
+TEST(CpuKernels, QuantizeActRowsIeeeMatchesScalarQuantiser) {
+  const int64_t K = 256;
+  std::vector<float> x = RandomActs(8 * K, 12);
+  for (int64_t k = 0; k < K; ++k) {
+    const float edges[] = {224.0f, 240.0f, 448.0f, 216.0f /* tie 208|224 at s = 1 */, 232.0f,
+                           0.0146484375f /* 7.5·2^-9 */, 0.0009765625f /* 0.5·2^-9 */, -3.0f * 0.0009765625f,
+                           std::nextafter(224.0f, 300.0f), -208.0f, 0.5f, 17.0f};
+    x[K + k] = edges[k % 12];
+    x[2 * K + k] = std::ldexp(1.0f + (k % 7) / 8.0f, -20 - static_cast<int>(k % 9)) * ((k & 1) ? -1.0f : 1.0f);
+    x[3 * K + k] = std::ldexp(1.0f + (k % 5) / 4.0f, 100 + static_cast<int>(k % 20));
+    x[6 * K + k] = (k % 32 == 0) ? 224.0f : std::ldexp(1.0f + (k % 3) / 8.0f, -2 - static_cast<int>(k % 11));
+  }
+  x[4 * K + 5] = std::nanf("");
+  x[5 * K + 7] = -std::numeric_limits<float>::infinity();
+  const int64_t M = 8;
+  ForEachTarget([&] {
+    for (int B : {32, 128}) {
+      std::vector<float> q(M * K), sa(M * K / B);
+      QuantizeActRows(x.data(), M, K, B, q.data(), sa.data(), Fp8Format::kE4M3Ieee);
+      std::vector<uint8_t> codes(K), sb(K / B), codes_std(K), sb_std(K / B);
+      std::vector<float> want_q(M * K), want_sa(M * K / B);
+      for (int64_t m = 0; m < M; ++m) {
+        QuantizeActE4M3(x.data() + m * K, K, B, codes.data(), sb.data(), Fp8Format::kE4M3Ieee);
+        QuantizeActE4M3(x.data() + m * K, K, B, codes_std.data(), sb_std.data());
+        for (int64_t k = 0; k < K; ++k) {
+          want_q[m * K + k] = E4M3ToFloat(codes[k]) * 0x1p119f;
+          EXPECT_TRUE((codes[k] & 0x7F) <= 0x76 || codes[k] == 0x7F) << "row " << m << " k " << k;
+        }
+        for (int64_t b = 0; b < K / B; ++b) {
+          want_sa[m * (K / B) + b] = E8M0ToFloat(sb[b]) * 2.0f;
+          if (sb_std[b] != 0xFF) {
+            EXPECT_EQ(sb[b], sb_std[b] + 1) << "row " << m << " block " << b;
+          }
+        }
+      }
+      EXPECT_TRUE(SameBits(q, want_q)) << "B=" << B;
+      EXPECT_TRUE(SameBits(sa, want_sa)) << "B=" << B;
+      // The modes really differ on these rows (a test that could not fail otherwise).
+      std::vector<float> q_std(M * K), sa_std(M * K / B);
+      QuantizeActRows(x.data(), M, K, B, q_std.data(), sa_std.data());
+      EXPECT_FALSE(SameBits(q_std, q)) << "B=" << B;
+    }
+  });
+}
+
+void CheckFp8(int64_t M, int64_t N, int64_t K, int B, int act_block, uint64_t seed,
+              Fp8Format fmt = Fp8Format::kE4M3FN) {
   const int64_t sc = (K + B - 1) / B;
-  const std::vector<uint8_t> w = RandomE4M3(N * K, seed);
-  const std::vector<uint8_t> s = RandomScales(((N + B - 1) / B) * sc, seed + 1);
+  std::vector<uint8_t> w = RandomE4M3(N * K, seed);
+  std::vector<uint8_t> s = RandomScales(((N + B - 1) / B) * sc, seed + 1);
+  if (fmt == Fp8Format::kE4M3Ieee) {  // the load-time transform (weights.h)
+    HalveE4M3Codes(w.data(), N * K, w.data());
+    for (auto& b : s) ASSERT_TRUE(RaiseE8M0ForIeee(b, &b));
+  }
   const std::vector<float> x = RandomActs(M * K, seed + 2);
   const ref::Fp8Weight view{w.data(), s.data(), N, K, B};
   std::vector<float> want(M * N), got(M * N, -1.0f);
-  ref::LinearFp8(x.data(), M, view, act_block, want.data());
+  ref::LinearFp8(x.data(), M, view, act_block, want.data(), fmt);
   const PackedFp8 p = PackFp8(view);
   ASSERT_FALSE(p.use_ref);
-  LinearFp8(x.data(), M, p, act_block, got.data());
+  LinearFp8(x.data(), M, p, act_block, got.data(), fmt);
   EXPECT_TRUE(SameBits(got, want)) << "M=" << M << " N=" << N << " K=" << K << " B=" << B;
 }
 
@@ -162,7 +218,15 @@ TEST(CpuKernels, LinearFp8BitIdentical) {
   });
 }
 
-void CheckFp4(int64_t M, int64_t N, int64_t K, int act_block, uint64_t seed) {
+TEST(CpuKernels, LinearFp8IeeeBitIdentical) {
+  ForEachTarget([&] {
+    uint64_t seed = 500;
+    for (const Shape& sh : kShapes) CheckFp8(sh.M, sh.N, sh.K, 32, 32, seed += 7, Fp8Format::kE4M3Ieee);
+    CheckFp8(5, 130, 256, 128, 128, 950, Fp8Format::kE4M3Ieee);
+  });
+}
+
+void CheckFp4(int64_t M, int64_t N, int64_t K, int act_block, uint64_t seed, Fp8Format fmt = Fp8Format::kE4M3FN) {
   std::mt19937_64 rng(seed);
   std::vector<uint8_t> w(N * K / 2);
   for (auto& b : w) b = static_cast<uint8_t>(rng());
@@ -170,10 +234,10 @@ void CheckFp4(int64_t M, int64_t N, int64_t K, int act_block, uint64_t seed) {
   const std::vector<float> x = RandomActs(M * K, seed + 2);
   const ref::Fp4Weight view{w.data(), s.data(), N, K};
   std::vector<float> want(M * N), got(M * N, -1.0f);
-  ref::LinearFp4(x.data(), M, view, act_block, want.data());
+  ref::LinearFp4(x.data(), M, view, act_block, want.data(), fmt);
   const PackedFp4 p = PackFp4(view);
   ASSERT_FALSE(p.use_ref);
-  LinearFp4(x.data(), M, p, act_block, got.data());
+  LinearFp4(x.data(), M, p, act_block, got.data(), fmt);
   EXPECT_TRUE(SameBits(got, want)) << "M=" << M << " N=" << N << " K=" << K << " ab=" << act_block;
 }
 
@@ -182,6 +246,13 @@ TEST(CpuKernels, LinearFp4BitIdentical) {
     uint64_t seed = 200;
     for (const Shape& sh : kShapes) CheckFp4(sh.M, sh.N, sh.K, 32, seed += 7);
     CheckFp4(4, 96, 256, 128, 990);  // V4 style: 128-wide activation blocks
+  });
+}
+
+TEST(CpuKernels, LinearFp4IeeeActivationsBitIdentical) {
+  ForEachTarget([&] {
+    uint64_t seed = 600;
+    for (const Shape& sh : kShapes) CheckFp4(sh.M, sh.N, sh.K, 32, seed += 7, Fp8Format::kE4M3Ieee);
   });
 }
 

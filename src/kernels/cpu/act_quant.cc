@@ -12,6 +12,9 @@
 // binade, so (|v| + c) − c is |v| rounded to nearest-even on that grid, exact.
 // The sign is copied back (−0 kept, as the reference's sign-preserving cast).
 // Rows containing NaN/Inf take the scalar quantiser.
+// The e4m3-ieee mode (Fp8Format::kE4M3Ieee) is the same code with 224 and
+// fp32(1/224) in place of 448 and fp32(1/448): the clamp bounds |v| <= 224, so
+// the magic-number rounding is unchanged (E <= 7).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/act_quant.cc"
 #include "kernels/cpu/hwy_targets.h"
@@ -32,7 +35,7 @@ namespace deepinfer::cpu {
 namespace HWY_NAMESPACE {
 
 // Returns false (and writes nothing) when the row has a NaN or infinity.
-bool QuantizeRow(const float* x, int64_t K, int B, float* q, float* sa) {
+bool QuantizeRow(const float* x, int64_t K, int B, float* q, float* sa, float vmax, float inv_max) {
   const DF df;
   const hn::RebindToUnsigned<DF> du;
   const auto exp_mask = hn::Set(du, 0x7F800000u);
@@ -47,8 +50,8 @@ bool QuantizeRow(const float* x, int64_t K, int B, float* q, float* sa) {
     for (; k < K; ++k)
       if (!std::isfinite(x[k])) return false;
   }
-  const auto v448 = hn::Set(df, 448.0f);
-  const auto vneg448 = hn::Set(df, -448.0f);
+  const auto v448 = hn::Set(df, vmax);
+  const auto vneg448 = hn::Set(df, -vmax);
   const auto min_norm = hn::Set(df, 0.015625f);  // 2^-6
   const auto c20 = hn::Set(du, 20u << 23);
   const auto qscale = hn::Set(df, kActOperandScale);
@@ -63,8 +66,8 @@ bool QuantizeRow(const float* x, int64_t K, int B, float* q, float* sa) {
     for (; i < B; ++i) amax = std::max(amax, std::fabs(x[b0 + i]));
     amax = std::max(amax, 1e-4f);
     // s = 2^(b-127) with b = Pow2CeilE8M0(t) in [105, 254) for finite rows
-    // (amax >= 1e-4), so s and 1/s = 2^(127-b) are normal floats.
-    const uint32_t sb = Pow2CeilE8M0(amax * kInv448);
+    // (amax >= 1e-4; one more for 1/224), so s and 1/s = 2^(127-b) are normal floats.
+    const uint32_t sb = Pow2CeilE8M0(amax * inv_max);
     sa[b0 / B] = BitsFloat(sb << 23) * kActScaleFactor;
     const auto inv = hn::Set(df, BitsFloat((254u - sb) << 23));
     int j = 0;
@@ -79,7 +82,7 @@ bool QuantizeRow(const float* x, int64_t K, int B, float* q, float* sa) {
     }
     const float inv_s = BitsFloat((254u - sb) << 23);
     for (; j < B; ++j) {
-      const float v = std::min(std::max(x[b0 + j] * inv_s, -448.0f), 448.0f);
+      const float v = std::min(std::max(x[b0 + j] * inv_s, -vmax), vmax);
       q[b0 + j] = E4M3ToFloat(FloatToE4M3(v)) * kActOperandScale;
     }
   }
@@ -97,13 +100,14 @@ namespace deepinfer::cpu {
 HWY_EXPORT(QuantizeRow);
 HWY_EXPORT(ThisTarget);
 
-void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, float* sa) {
+void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, float* sa, Fp8Format fmt) {
   auto* fn = HWY_DYNAMIC_DISPATCH(QuantizeRow);
   const int64_t kb = K / B;
+  const float vmax = Fp8ActMax(fmt), inv_max = Fp8ActInvMax(fmt);
   if (M == 1) {
-    if (!fn(x, K, B, q, sa)) {
+    if (!fn(x, K, B, q, sa, vmax, inv_max)) {
       std::vector<uint8_t> codes(K), sb(kb);
-      QuantizeActE4M3(x, K, B, codes.data(), sb.data());
+      QuantizeActE4M3(x, K, B, codes.data(), sb.data(), fmt);
       for (int64_t k = 0; k < K; ++k) q[k] = E4M3ToFloat(codes[k]) * kActOperandScale;
       for (int64_t b = 0; b < kb; ++b) sa[b] = E8M0ToFloat(sb[b]) * kActScaleFactor;
     }
@@ -114,10 +118,10 @@ void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, floa
     std::vector<uint8_t> codes, sb;
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; ++m) {
-      if (fn(x + m * K, K, B, q + m * K, sa + m * kb)) continue;
+      if (fn(x + m * K, K, B, q + m * K, sa + m * kb, vmax, inv_max)) continue;
       codes.resize(K);
       sb.resize(kb);
-      QuantizeActE4M3(x + m * K, K, B, codes.data(), sb.data());
+      QuantizeActE4M3(x + m * K, K, B, codes.data(), sb.data(), fmt);
       for (int64_t k = 0; k < K; ++k) q[m * K + k] = E4M3ToFloat(codes[k]) * kActOperandScale;
       for (int64_t b = 0; b < kb; ++b) sa[m * kb + b] = E8M0ToFloat(sb[b]) * kActScaleFactor;
     }

@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "format/numerics.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace deepinfer::cpu {
@@ -114,10 +115,14 @@ PackedF32 PackF32(const float* w, int64_t out, int64_t in);
 // every M, thread count and dispatch target. x and y must not alias.
 //
 // FP8 linear: act_block must be a multiple of 32 that divides in (32 for
-// V4.1), as for ref::LinearFp8.
-void LinearFp8(const float* x, int64_t M, const PackedFp8& w, int act_block, float* y);
+// V4.1), as for ref::LinearFp8. act_format selects the activation quantiser
+// (QuantizeActE4M3's fmt: maximum 448 or 224); the weight codes are used as
+// they are (e4m3-ieee weights are transformed at load, HalveE4M3).
+void LinearFp8(const float* x, int64_t M, const PackedFp8& w, int act_block, float* y,
+               Fp8Format act_format = Fp8Format::kE4M3FN);
 // FP4 routed-expert linear: act_block a multiple of 32 dividing in.
-void LinearFp4(const float* x, int64_t M, const PackedFp4& w, int act_block, float* y);
+void LinearFp4(const float* x, int64_t M, const PackedFp4& w, int act_block, float* y,
+               Fp8Format act_format = Fp8Format::kE4M3FN);
 // BF16 linear, FP32 accumulation in increasing k; BF16 output. `pairs` selects
 // the pair order (inside each pair (k, k+1) the k+1 product is added first,
 // then k; an odd last element last), which the model is evaluating as the
@@ -158,11 +163,13 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
 
 // ------------------------------------------------------------------ activation quantiser
 // Fused activation quantisation of rows x [M, K] (model-spec §3.1(b) step 1),
-// bit-identical to QuantizeActE4M3 followed by E4M3ToFloat up to exact
-// power-of-two operand scalings: writes q[m·K + k] = E4M3 value of the
-// quantised element × 2^119 and sa[m·(K/B) + b] = the block's power-of-two
-// scale × 2 (the FP8/FP4 kernels' operands; see kernels/cpu/linear_common.h).
-void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, float* sa);
+// bit-identical to QuantizeActE4M3 (with the same fmt) followed by
+// E4M3ToFloat up to exact power-of-two operand scalings: writes q[m·K + k] =
+// E4M3 value of the quantised element × 2^119 and sa[m·(K/B) + b] = the
+// block's power-of-two scale × 2 (the FP8/FP4 kernels' operands; see
+// kernels/cpu/linear_common.h).
+void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, float* sa,
+                     Fp8Format fmt = Fp8Format::kE4M3FN);
 
 // ------------------------------------------------------------------ threading
 // The linears split output tiles (and row chunks) over the OpenMP team

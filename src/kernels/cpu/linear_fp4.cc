@@ -150,10 +150,10 @@ HWY_AFTER_NAMESPACE();
 namespace deepinfer::cpu {
 HWY_EXPORT(RunFp4);
 
-void LinearFp4(const float* x, int64_t M, const PackedFp4& w, int act_block, float* y) {
+void LinearFp4(const float* x, int64_t M, const PackedFp4& w, int act_block, float* y, Fp8Format act_format) {
   if (M <= 0) return;
   if (w.use_ref || act_block % 32 != 0 || w.src.in % act_block != 0) {
-    ref::LinearFp4(x, M, w.src, act_block, y);
+    ref::LinearFp4(x, M, w.src, act_block, y, act_format);
     return;
   }
   QArgs a;
@@ -169,7 +169,7 @@ void LinearFp4(const float* x, int64_t M, const PackedFp4& w, int act_block, flo
   a.ldq = a.K;
   ActBuffers& buf = ThreadActBuffers();
   buf.Resize(M * a.K, M * (a.K / act_block));
-  QuantizeActRows(x, M, a.K, act_block, buf.q.data(), buf.sa.data());
+  QuantizeActRows(x, M, a.K, act_block, buf.q.data(), buf.sa.data(), act_format);
   a.q = buf.q.data();
   a.sa = buf.sa.data();
   ParallelItems(a, HWY_DYNAMIC_DISPATCH(RunFp4));

@@ -20,7 +20,7 @@ constexpr int64_t kParallelWork = int64_t{1} << 20;
 
 // ------------------------------------------------------------------ linears
 
-void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, int act_block, float* y) {
+void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, int act_block, float* y, Fp8Format act_format) {
   const int64_t K = w.in, N = w.out;
   const int B = w.block;
   const int64_t kblocks = K / act_block;
@@ -32,7 +32,7 @@ void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, int act_block, flo
     std::vector<float> qf(K), saf(kblocks);
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; ++m) {
-      QuantizeActE4M3(x + m * K, K, act_block, q.data(), sa.data());
+      QuantizeActE4M3(x + m * K, K, act_block, q.data(), sa.data(), act_format);
       for (int64_t k = 0; k < K; ++k) qf[k] = E4M3ToFloat(q[k]);
       for (int64_t b = 0; b < kblocks; ++b) saf[b] = E8M0ToFloat(sa[b]);
       float* yr = y + m * N;
@@ -52,7 +52,7 @@ void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, int act_block, flo
   }
 }
 
-void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, int act_block, float* y) {
+void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, int act_block, float* y, Fp8Format act_format) {
   const int64_t K = w.in, N = w.out;
   const int64_t kblocks = K / act_block;
   const int64_t groups = K / 32;
@@ -62,7 +62,7 @@ void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, int act_block, flo
     std::vector<float> qf(K), saf(kblocks);
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; ++m) {
-      QuantizeActE4M3(x + m * K, K, act_block, q.data(), sa.data());
+      QuantizeActE4M3(x + m * K, K, act_block, q.data(), sa.data(), act_format);
       for (int64_t k = 0; k < K; ++k) qf[k] = E4M3ToFloat(q[k]);
       for (int64_t b = 0; b < kblocks; ++b) saf[b] = E8M0ToFloat(sa[b]);
       float* yr = y + m * N;

@@ -24,6 +24,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "format/numerics.h"
+
 namespace deepinfer::ref {
 
 // ------------------------------------------------------------------ weights
@@ -55,12 +57,18 @@ struct Bf16Weight {
 // block partial sums Σ_{k∈kb} q·w are formed in FP32 in increasing k, scaled
 // ((partial·s_act)·s_w) and added to an FP32 accumulator in increasing kb.
 // y [M, out] = BF16 of the accumulator.
-void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, int act_block, float* y);
+// act_format = kE4M3Ieee: the activations are quantised to a maximum of 224
+// (QuantizeActE4M3's e4m3-ieee rule); the weight is used as given (the
+// model transforms e4m3-ieee weights at load: codes halved, scales + 1).
+void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, int act_block, float* y,
+               Fp8Format act_format = Fp8Format::kE4M3FN);
 
 // FP4 routed-expert linear (fp4_gemm): as LinearFp8 with E2M1 weights and
 // per-(row, 32-group) UE8M0 weight scales; the activation scale of the
-// act_block containing each 32-group is used. y [M, out] BF16.
-void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, int act_block, float* y);
+// act_block containing each 32-group is used. y [M, out] BF16. act_format as
+// for LinearFp8 (the FP4 weights are never transformed).
+void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, int act_block, float* y,
+               Fp8Format act_format = Fp8Format::kE4M3FN);
 
 // BF16 linear (F.linear on BF16 tensors): FP32 accumulation of exact
 // BF16×BF16 products in increasing k, output rounded to BF16.

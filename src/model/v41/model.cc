@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "format/numerics.h"
 #include "base/region_timer.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -48,12 +49,12 @@ namespace {
 // was repacked at load (bit-identical, kernels/cpu/cpu_ops.h), else the
 // scalar reference operator.
 void Linear(const float* x, int64_t M, const Fp8Linear& w, int ab, float* y) {
-  if (w.packed) cpu::LinearFp8(x, M, *w.packed, ab, y);
-  else ref::LinearFp8(x, M, w.w, ab, y);
+  if (w.packed) cpu::LinearFp8(x, M, *w.packed, ab, y, w.act_format);
+  else ref::LinearFp8(x, M, w.w, ab, y, w.act_format);
 }
 void Linear(const float* x, int64_t M, const Fp4Linear& w, int ab, float* y) {
-  if (w.packed) cpu::LinearFp4(x, M, *w.packed, ab, y);
-  else ref::LinearFp4(x, M, w.w, ab, y);
+  if (w.packed) cpu::LinearFp4(x, M, *w.packed, ab, y, w.act_format);
+  else ref::LinearFp4(x, M, w.w, ab, y, w.act_format);
 }
 void LinearBf16(const float* x, int64_t M, const Bf16Tensor& w, float* y) {
   if (w.packed) cpu::LinearBf16(x, M, *w.packed, y);
@@ -126,7 +127,22 @@ std::unique_ptr<V41Model> V41Model::Load(const std::filesystem::path& model_dir,
          c.n_routed_experts);
   m->shard_ = ExpertShard{static_cast<int>(c.n_routed_experts), ep, ep_rank};
   m->store_ = TensorStore::Open(model_dir);
-  m->w_ = ModelWeights::Bind(*m->store_, c, ep, ep_rank);
+  if (options.fp8_format == Fp8Format::kE4M3Ieee) {
+    bool any_fp8 = false;
+    for (const auto& [name, t] : m->store_->all()) any_fp8 = any_fp8 || t.dtype == DType::kF8E4M3;
+    if (!any_fp8)
+      Fail(ErrorKind::kInvalidArgument,
+           "--fp8-format e4m3-ieee: {} has no FP8 weights (no F8_E4M3 tensor); the mode rescales a checkpoint's "
+           "FP8 weights, use --fp8-format e4m3fn",
+           model_dir.string());
+  }
+  m->w_ = ModelWeights::Bind(*m->store_, c, ep, ep_rank, options.fp8_format);
+  if (options.fp8_format == Fp8Format::kE4M3Ieee) {
+    const IeeeTransformReport& r = m->w_->ieee_report;
+    spdlog::info("--fp8-format e4m3-ieee: {} FP8 tensors transformed at load ({} codes halved, {} inexact "
+                 "rounded half to even; {} UE8M0 scales + 1)",
+                 r.tensors, r.values, r.inexact, r.scales);
+  }
   if (!options.reference_kernels) m->weight_bytes_.packed = static_cast<int64_t>(m->w_->PackForCpu());
   m->weight_bytes_.routed_experts = m->w_->bytes.routed_experts;
   m->weight_bytes_.engram_rows = m->w_->bytes.engram_rows;
@@ -430,8 +446,16 @@ void ForwardPass::Engram(int l) {
   for (int64_t r = 0; r < R_; ++r)
     for (int k = 0; k < cols; ++k) {
       const uint8_t* q = raw.data() + (r * cols + k) * row_bytes;
-      for (int64_t i = 0; i < hd; ++i)
-        e[r * ein + k * hd + i] = RoundBf16(E4M3ToFloat(q[i]) * E8M0ToFloat(q[hd + i / 32]));
+      if (G.halve_codes) {  // e4m3-ieee: the load-time transform applied to this row (weights.h)
+        for (int64_t i = 0; i < hd; ++i) {
+          uint8_t sb = 0;
+          RaiseE8M0ForIeee(q[hd + i / 32], &sb);  // never 254: checked at load
+          e[r * ein + k * hd + i] = RoundBf16(E4M3ToFloat(kHalvedE4M3[q[i]]) * E8M0ToFloat(sb));
+        }
+      } else {
+        for (int64_t i = 0; i < hd; ++i)
+          e[r * ein + k * hd + i] = RoundBf16(E4M3ToFloat(q[i]) * E8M0ToFloat(q[hd + i / 32]));
+      }
     }
   std::vector<float> kv(static_cast<size_t>(R_ * (hc + 1) * d));
   Linear(e.data(), R_, G.wkv, c_.act_block_size, kv.data());
@@ -545,7 +569,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t h = 0; h < H; ++h) rope.Apply(q.data() + (r * H + h) * D + D - rd, row_pos_[r], false);
     rope.Apply(kv.data() + r * D + D - rd, row_pos_[r], false);
-    Fp8QdqInPlace(kv.data() + r * D, D, 32);
+    Fp8QdqInPlace(kv.data() + r * D, D, 32, w_.fp8_format);
   }
   std::vector<uint16_t> kvb(n * D);
   for (int64_t i = 0; i < n * D; ++i) kvb[i] = FloatToBf16(kv[i]);
@@ -721,7 +745,7 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
     // Compressed entry: RoPE at r·j, FP4 QDQ with E4M3 scales in blocks of 16.
     float* lr = lat.data() + i * D;
     rope.Apply(lr + D - rd, pos, false);
-    Fp4QdqE4m3InPlace(lr, D, 16);
+    Fp4QdqE4m3InPlace(lr, D, 16, w_.fp8_format);
     uint16_t* cdst = reinterpret_cast<uint16_t*>(Row(s, StateKind::kCompressedKv, l, js[i]));
     for (int64_t c = 0; c < D; ++c) {
       const uint16_t b = FloatToBf16(lr[c]);

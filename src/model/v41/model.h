@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "format/numerics.h"
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "model/state.h"
@@ -70,6 +71,13 @@ struct V41Options {
   // Engram table; every Forward call is then collective (all ranks call it
   // with matching ForwardBatch::exchange). Null or size 1: one process.
   Communicator* comm = nullptr;
+  // FP8 numerics (--fp8-format; format/numerics.h Fp8Format): kE4M3Ieee runs
+  // the Neuron contract — FP8 weights transformed once at load (weights.h),
+  // activations and window-KV QAT quantised to a maximum of 224, the
+  // compressed-KV E4M3 scales saturating at 240. Load throws
+  // Error(kInvalidArgument) naming --fp8-format when the checkpoint has no
+  // F8_E4M3 tensor or a scale cannot be raised.
+  Fp8Format fp8_format = Fp8Format::kE4M3FN;
 };
 
 // One sequence's chunk in a Forward call.

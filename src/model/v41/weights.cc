@@ -18,7 +18,8 @@ std::string ShapeStr(const std::vector<int64_t>& s) {
 
 class Binder {
  public:
-  Binder(const TensorStore& s, const ModelConfig& c) : store_(s), cfg_(c) {}
+  Binder(const TensorStore& s, const ModelConfig& c, ModelWeights* out) : store_(s), cfg_(c), out_(out) {}
+  bool ieee() const { return out_->fp8_format == Fp8Format::kE4M3Ieee; }
 
   const TensorView& Expect(const std::string& name, DType dt, const std::vector<int64_t>& shape) const {
     const TensorView& t = store_.Get(name);
@@ -31,7 +32,9 @@ class Binder {
     return t;
   }
 
-  Fp8Linear Fp8(const std::string& prefix, int64_t out, int64_t in) const { return {Fp8View(prefix, out, in), {}}; }
+  Fp8Linear Fp8(const std::string& prefix, int64_t out, int64_t in) const {
+    return {Fp8View(prefix, out, in), {}, out_->fp8_format};
+  }
 
   ref::Fp8Weight Fp8View(const std::string& prefix, int64_t out, int64_t in) const {
     const int64_t B = cfg_.weight_block_size;
@@ -40,13 +43,44 @@ class Binder {
     if (in % cfg_.act_block_size != 0)
       Fail(ErrorKind::kCorruptData, "tensor {}.weight: in_features {} is not a multiple of the activation block {}",
            prefix, in, cfg_.act_block_size);
-    return {w.data, s.data, out, in, static_cast<int>(B)};
+    ref::Fp8Weight v{w.data, s.data, out, in, static_cast<int>(B)};
+    if (ieee()) {
+      v.w = HalvedCopy(w.data, out * in);
+      v.scale = RaisedScales(prefix + ".scale", s.data, static_cast<int64_t>(s.nbytes));
+      ++out_->ieee_report.tensors;
+    }
+    return v;
+  }
+
+  // e4m3-ieee transform (weights.h): the halved codes / raised scales, owned by the ModelWeights.
+  const uint8_t* HalvedCopy(const uint8_t* codes, int64_t n) const {
+    std::vector<uint8_t> h(static_cast<size_t>(n));
+    out_->ieee_report.inexact += HalveE4M3Codes(codes, n, h.data());
+    out_->ieee_report.values += n;
+    out_->ieee_bytes.push_back(std::move(h));
+    return out_->ieee_bytes.back().data();
+  }
+  const uint8_t* RaisedScales(const std::string& name, const uint8_t* scale, int64_t n) const {
+    std::vector<uint8_t> r(static_cast<size_t>(n));
+    CheckRaisable(name, scale, n, r.data());
+    out_->ieee_bytes.push_back(std::move(r));
+    return out_->ieee_bytes.back().data();
+  }
+  void CheckRaisable(const std::string& name, const uint8_t* scale, int64_t n, uint8_t* raised) const {
+    uint8_t tmp = 0;
+    for (int64_t i = 0; i < n; ++i)
+      if (!RaiseE8M0ForIeee(scale[i], raised ? raised + i : &tmp))
+        Fail(ErrorKind::kInvalidArgument,
+             "--fp8-format e4m3-ieee: tensor {} in {}: scale byte {} is 254 (2^127), which cannot be raised by one "
+             "(UE8M0 255 is NaN); this checkpoint cannot run in e4m3-ieee mode",
+             name, store_.dir().string(), i);
+    out_->ieee_report.scales += n;
   }
 
   Fp4Linear Fp4(const std::string& prefix, int64_t out, int64_t in) const {
     const TensorView& w = Expect(prefix + ".weight", DType::kI8, {out, in / 2});
     const TensorView& s = Expect(prefix + ".scale", DType::kF8E8M0, {out, in / 32});
-    return {ref::Fp4Weight{w.data, s.data, out, in}, {}};
+    return {ref::Fp4Weight{w.data, s.data, out, in}, {}, out_->fp8_format};
   }
 
   Bf16Tensor Bf16(const std::string& name, int64_t rows, int64_t cols /* -1: vector */) const {
@@ -86,18 +120,20 @@ class Binder {
         r.own[o * in + i] =
             FloatToBf16(E4M3ToFloat(q.w[o * in + i]) * E8M0ToFloat(q.scale[(o / B) * sc + i / B]));
     r.data = r.own.data();
+    if (ieee()) out_->ieee_bytes.resize(out_->ieee_bytes.size() - 2);  // the transformed codes and scales: used up
     return r;
   }
 
  private:
   const TensorStore& store_;
   const ModelConfig& cfg_;
+  ModelWeights* out_;
 };
 
 }  // namespace
 
 std::unique_ptr<ModelWeights> ModelWeights::Bind(const TensorStore& store, const ModelConfig& c, int shard_size,
-                                                int shard_rank) {
+                                                int shard_rank, Fp8Format fp8_format) {
   if (c.arch != Arch::kDeepseekV41)
     Fail(ErrorKind::kInvalidArgument, "{}: model_type {} is not deepseek_v41", store.dir().string(), c.model_type);
   if (c.expert_dtype != "fp4")
@@ -106,8 +142,9 @@ std::unique_ptr<ModelWeights> ModelWeights::Bind(const TensorStore& store, const
   if (c.weight_block_size != 32 || c.act_block_size != 32)
     Fail(ErrorKind::kInvalidArgument, "{}: weight_block_size {} not supported, expected 32 (V4.1)",
          store.dir().string(), c.weight_block_size);
-  Binder b(store, c);
   auto w = std::make_unique<ModelWeights>();
+  w->fp8_format = fp8_format;
+  Binder b(store, c, w.get());
   const int64_t d = c.dim, H = c.n_heads, D = c.head_dim, hc = c.hc_mult;
   const int64_t mix = c.hc_mix_dim();
   w->embed = b.Bf16("embed.weight", c.vocab_size, d);
@@ -182,6 +219,12 @@ std::unique_ptr<ModelWeights> ModelWeights::Bind(const TensorStore& store, const
       G.row_begin = G.rows * shard_rank / shard_size;
       G.row_end = G.rows * (shard_rank + 1) / shard_size;
       w->bytes.engram_rows += (G.row_end - G.row_begin) * (hd + hd / 32);
+      if (b.ieee()) {  // transformed on lookup (weights.h); this rank's rows' scales are checked here
+        G.halve_codes = true;
+        b.CheckRaisable(p + "engram.embed.scale", G.table_scale + G.row_begin * (hd / 32),
+                        (G.row_end - G.row_begin) * (hd / 32), nullptr);
+        ++w->ieee_report.tensors;
+      }
       const int64_t cols = static_cast<int64_t>(c.engram_max_ngram_size - 1) * c.engram_n_heads * hd;
       G.wkv = b.Fp8(p + "engram.wkv", (hc + 1) * d, cols);
       Bf16Tensor qw = b.Bf16(p + "engram.q_weight", hc, d);

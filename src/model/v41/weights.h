@@ -13,6 +13,19 @@
 // every linear weight, the router gate and the mHC `hc_*_fn` also get the
 // layout the fast kernels read (kernels/cpu/cpu_ops.h, bit-identical to the
 // reference ops); `packed` is null when the reference kernels are used.
+// The e4m3-ieee mode (Bind's fp8_format = Fp8Format::kE4M3Ieee, the Neuron
+// contract of format/numerics.h) transforms every bound FP8 tensor once, here:
+// each E4M3 code becomes HalveE4M3(code) and each UE8M0 block scale b becomes
+// b + 1, so code × scale is unchanged except for the inexact codes that
+// HalveE4M3 documents (counted in ModelWeights::ieee_report). The transformed
+// bytes are owned by ModelWeights (the checkpoint stays read-only mapped); the
+// linears' act_format is set so that their activations are quantised to 224.
+// `wo_a` is transformed before its BF16 dequantisation. The Engram tables are
+// the exception in storage only: they are not copied (a V4.1-Flash table is
+// ~100 GB); each looked-up row is decoded through kHalvedE4M3 with its scale
+// + 1 (EngramWeights::halve_codes), which is the same bytes' value. A scale
+// byte 254 (not raisable) is an Error(kInvalidArgument) naming the tensor and
+// the flag.
 // Binding validates every dtype and shape against the config and throws
 // Error(kCorruptData) naming the tensor, expected and found; a missing tensor
 // throws Error(kNotFound). Tensors the V4.1 text forward does not use (DSpark
@@ -24,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "format/numerics.h"
 #include "format/safetensors.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ref/ref_ops.h"
@@ -51,11 +65,13 @@ struct F32Tensor {
 struct Fp8Linear {
   ref::Fp8Weight w;
   std::unique_ptr<cpu::PackedFp8> packed;
+  Fp8Format act_format = Fp8Format::kE4M3FN;  // the activation quantiser (448 / 224)
 };
 // FP4 E2M1 routed-expert linear [out, in] (UE8M0 per row and 32 columns).
 struct Fp4Linear {
   ref::Fp4Weight w;
   std::unique_ptr<cpu::PackedFp4> packed;
+  Fp8Format act_format = Fp8Format::kE4M3FN;  // the activation quantiser (448 / 224)
 };
 
 struct AttentionWeights {
@@ -93,6 +109,9 @@ struct EngramWeights {
   // contiguous 1/N share with N ranks, parallel/sharded_rows.h). Other rows'
   // pages of the mapping are never touched, so they are never resident.
   int64_t row_begin = 0, row_end = 0;
+  // e4m3-ieee: a row's code c reads as kHalvedE4M3[c] and its scale byte b as
+  // b + 1 (the transform applied on lookup; checked at load: no b = 254).
+  bool halve_codes = false;
   Fp8Linear wkv;                         // [(hc+1)·dim, (N−1)·heads·head_dim]
   F32Tensor qk;                          // FP32 q_weight ⊙ k_weight [hc, dim]
 };
@@ -107,6 +126,14 @@ struct LayerWeights {
   EngramWeights engram;
 };
 
+// What the e4m3-ieee transform did (all zero in the default mode).
+struct IeeeTransformReport {
+  int64_t tensors = 0;   // FP8 weight tensors transformed (Engram tables included)
+  int64_t values = 0;    // E4M3 codes transformed (Engram tables excluded: decoded on lookup, not scanned)
+  int64_t inexact = 0;   // of those, how many v/2 was not representable (rounded half to even)
+  int64_t scales = 0;    // UE8M0 scales raised by one (Engram tables included)
+};
+
 struct ModelWeights {
   Bf16Tensor embed;  // [vocab, dim]
   Bf16Tensor head;   // [vocab, dim] (used as FP32: exact upcast on the fly)
@@ -117,9 +144,13 @@ struct ModelWeights {
   // result. With expert parallelism (`shard_size` ranks, this is `shard_rank`)
   // only the routed experts of this rank's contiguous range are bound (the
   // others stay `bound = false`) and each Engram table records this rank's row
-  // range; the default binds everything.
+  // range; the default binds everything. fp8_format = kE4M3Ieee also applies
+  // the load-time transform (header comment; single-threaded, one pass over
+  // every bound FP8 tensor; an Engram table's scales only over this rank's rows).
   static std::unique_ptr<ModelWeights> Bind(const TensorStore& store, const ModelConfig& cfg, int shard_size = 1,
-                                            int shard_rank = 0);
+                                            int shard_rank = 0, Fp8Format fp8_format = Fp8Format::kE4M3FN);
+  Fp8Format fp8_format = Fp8Format::kE4M3FN;
+  IeeeTransformReport ieee_report;
 
   // Repacks every weight the fast CPU kernels read (sets the `packed`
   // members and packed_for_cpu). Adds about the checkpoint's size in resident
@@ -134,6 +165,10 @@ struct ModelWeights {
   struct Bytes {
     int64_t routed_experts = 0, other = 0, engram_rows = 0;
   } bytes;
+
+  // The transformed FP8 bytes of the e4m3-ieee mode (codes and scales); the
+  // Fp8Linear views point into them.
+  std::vector<std::vector<uint8_t>> ieee_bytes;
 };
 
 }  // namespace deepinfer::v41
