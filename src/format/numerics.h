@@ -91,7 +91,8 @@ inline float Fp8ActMax(Fp8Format f) { return f == Fp8Format::kE4M3Ieee ? 224.0f 
 // one (exact). For field 1 and the subnormals (|v| < 2^-5) v/2 is on the grid
 // only when the mantissa is even: the 16 codes 0x01,0x03,..,0x0F and their
 // negatives are *inexact* (v/2 lies exactly half-way between two codes; the
-// even one is taken, so the product moves by 2^-10 × the block scale).
+// even one is taken: the value moves by 2^-10 and, with the raised scale,
+// the product by 2^-9 × the original block scale, half a subnormal step).
 // NaN codes (0x7F, 0xFF) are returned unchanged. The result is always below
 // 0x78 in magnitude or NaN, so it decodes identically as E4M3FN and IEEE E4M3.
 // *exact (optional) is set to whether E4M3ToFloat(result) == v/2.
