@@ -23,9 +23,10 @@
 // `wo_a` is transformed before its BF16 dequantisation. The Engram tables are
 // the exception in storage only: they are not copied (a V4.1-Flash table is
 // ~100 GB); each looked-up row is decoded through kHalvedE4M3 with its scale
-// + 1 (EngramWeights::halve_codes), which is the same bytes' value. A scale
-// byte 254 (not raisable) is an Error(kInvalidArgument) naming the tensor and
-// the flag.
+// + 1 (EngramWeights::halve_codes), which is the same bytes' value; with a
+// sharded table the raw row is fetched first and decoded by the rank that
+// uses it. A scale byte 254 (not raisable; for a table: in this rank's rows)
+// is an Error(kInvalidArgument) naming the tensor and the flag.
 // Binding validates every dtype and shape against the config and throws
 // Error(kCorruptData) naming the tensor, expected and found; a missing tensor
 // throws Error(kNotFound). Tensors the V4.1 text forward does not use (DSpark
