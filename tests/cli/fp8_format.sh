@@ -2,9 +2,11 @@
 # --fp8-format on generate, serve and bench e2e: the e4m3-ieee mode runs on the
 # tiny checkpoint (DEEPINFER_TINY_DIR, made by the ctest fixture), and bad
 # combinations are start-up errors (exit 2, one line naming the flag): an
-# unknown format name, and e4m3-ieee on a checkpoint without FP8 weights.
+# unknown format name, and e4m3-ieee on a checkpoint without FP8 weights; and
+# the mode under mpirun --ep 2 --dp 2 equals one process.
 set -euo pipefail
 BIN="$1"
+SRC="${2:-.}"
 TINY="${DEEPINFER_TINY_DIR:?DEEPINFER_TINY_DIR not set}"
 T="$(mktemp -d)"
 trap 'rm -rf "$T"' EXIT
@@ -82,4 +84,25 @@ PY
   --fp8-format e4m3-ieee > "$T/e.out" 2>&1 || fail "bench e2e e4m3-ieee: $(cat "$T/e.out")"
 python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['fp8_format']=='e4m3-ieee', j" "$T/e.json" \
   || fail "bench e2e JSON lacks fp8_format"
+# Scale-out in the IEEE mode (docs/parallel.md): --ep 2 --dp 2 under mpirun gives the one-process
+# tokens and logprobs on the 64 English prompts.
+if command -v mpirun >/dev/null; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+  G=(generate --model "$TINY" --prompts "$SRC/tests/data/engine/english_prompts.jsonl" --threads 1 --temperature 0
+     --logprobs 3 --no-progress --fp8-format e4m3-ieee)
+  "$BIN" "${G[@]}" --output "$T/one.jsonl" 2>"$T/one.err" || fail "one process: $(cat "$T/one.err")"
+  timeout 300 mpirun --oversubscribe --bind-to none -np 2 "$BIN" "${G[@]}" --ep 2 --dp 2 --output "$T/two.jsonl" \
+    2>"$T/two.err" || fail "mpirun -np 2 --ep 2 --dp 2: $(tail -5 "$T/two.err")"
+  python3 - "$T/one.jsonl" "$T/two.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 64, (len(a), len(b))
+for x, y in zip(a, b):
+    assert "error" not in x and "error" not in y, (x.get("error"), y.get("error"))
+    assert x["token_ids"] == y["token_ids"] and x["logprobs"] == y["logprobs"], x["index"]
+PY
+else
+  echo "fp8_format.sh: mpirun not installed, scale-out check skipped"
+fi
 echo "fp8_format.sh: OK"
