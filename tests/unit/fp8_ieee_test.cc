@@ -7,7 +7,8 @@
 //     unchanged except the counted inexact codes, and the model's binder holds
 //     exactly the transformed bytes;
 //   * the forward pass in this mode: fast kernels == reference kernels bit for
-//     bit, at any thread count, and the mode really changes the logits;
+//     bit, at any thread count, and the mode really changes the logits; a
+//     prefix-cache hit equals a cold run;
 //   * start-up errors naming the flag.
 // (A tiny V4 checkpoint cannot be made yet — make-tiny has no deepseek_v4 — so
 // the transform test covers V4.1; it walks the store generically.)
@@ -26,6 +27,7 @@
 
 #include "base/error.h"
 #include "base/parallel.h"
+#include "deepinfer/engine.h"
 #include "checkpoint_test_util.h"
 #include "format/numerics.h"
 #include "format/safetensors.h"
@@ -507,6 +509,61 @@ TEST_F(TinyModel, IeeeFastKernelsEqualReferenceAndDifferFromStandard) {
   }
   EXPECT_EQ(nonfinite, 0);
   EXPECT_GT(differ, 0) << "the e4m3-ieee mode changed no logit";
+}
+
+// Prefix caching in the e4m3-ieee mode: a hit restores the (224-quantised)
+// state and equals a cold run bit for bit (raw logits of the top 5).
+TEST_F(TinyModel, IeeePrefixCacheHitEqualsCold) {
+  const Tokenizer tok = Tokenizer::Load(TinyDir());
+  std::vector<int32_t> text = tok.Encode(
+      "The Fulton County Grand Jury said Friday an investigation of Atlanta's recent primary election produced "
+      "no evidence that any irregularities took place. The jury further said in term-end presentments that the "
+      "City Executive Committee, which had over-all charge of the election, deserves the praise and thanks of "
+      "the City of Atlanta for the manner in which the election was conducted.");
+  ASSERT_GE(text.size(), 69u);
+  auto args = [&](bool caching) {
+    EngineArgs a;
+    a.model = TinyDir();
+    a.max_model_len = 512;
+    a.num_threads = 1;
+    a.logprobs_mode = LogprobsMode::kRawLogits;
+    a.enable_prefix_caching = caching;
+    a.fp8_format = "e4m3-ieee";
+    return a;
+  };
+  auto run = [](Engine& e, std::vector<int32_t> ids, const std::string& id, int64_t* cached) {
+    GenerateRequest r;
+    r.prompt_token_ids = std::move(ids);
+    r.params.max_tokens = 5;
+    r.params.temperature = 0;
+    r.params.logprobs = 5;
+    r.request_id = id;
+    e.Submit(r);
+    std::vector<std::pair<int32_t, float>> out;
+    while (e.HasUnfinished())
+      for (auto& o : e.Step()) {
+        if (!o.finished) continue;
+        EXPECT_TRUE(o.error.empty()) << o.error;
+        *cached = o.num_cached_tokens;
+        for (const auto& lp : o.logprobs)
+          for (const auto& t : lp.top) out.emplace_back(t.token_id, t.logprob);
+      }
+    return out;
+  };
+  auto hot = Engine::Open(args(true));
+  auto cold = Engine::Open(args(false));
+  for (size_t L : {16u, 17u, 33u, 60u}) {
+    std::vector<int32_t> a(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(L)), b = a;
+    a.insert(a.end(), text.begin() + 1, text.begin() + 6);
+    b.insert(b.end(), text.begin() + 61, text.begin() + 69);
+    int64_t c0 = 0, c1 = 0, c2 = 0;
+    run(*hot, a, "a", &c0);  // publishes the prefix blocks
+    const auto h = run(*hot, b, "b", &c1);
+    const auto c = run(*cold, b, "b", &c2);
+    EXPECT_EQ(c1, static_cast<int64_t>(L / 16 * 16)) << L;
+    EXPECT_EQ(c2, 0) << L;
+    EXPECT_EQ(h, c) << "prefix " << L;
+  }
 }
 
 TEST_F(TinyModel, CheckpointWithoutFp8WeightsIsAStartUpError) {
