@@ -27,7 +27,8 @@ expect_err() {
 # The flag is listed by all three commands.
 for c in "generate" "serve" "bench e2e"; do
   # shellcheck disable=SC2086
-  "$BIN" $c --help | grep -q -- '--fp8-format' || fail "$c --help lacks --fp8-format"
+  "$BIN" $c --help > "$T/help" || fail "$c --help exited $?"   # (no pipe: grep -q would SIGPIPE it)
+  grep -q -- '--fp8-format' "$T/help" || fail "$c --help lacks --fp8-format"
 done
 
 # (The first prompt is one on which the two modes' first-token logprobs differ, docs/kernels.md.)
