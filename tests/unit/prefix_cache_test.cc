@@ -184,7 +184,9 @@ TEST_F(PrefixCacheTiny, EnglishPromptsAndGrowingChatEqualCold) {
     const auto h = RunReqs(*hot, {Req(ids, 12, id)}).at(id);
     const auto k = RunReqs(*cold, {Req(ids, 12, id)}).at(id);
     ExpectSame(h, k, id);
-    if (turn > 0) EXPECT_GE(h.cached, 16) << id;
+    if (turn > 0) {
+      EXPECT_GE(h.cached, 16) << id;
+    }
     messages.push_back({{"role", "assistant"}, {"content", tok_->Decode(h.tokens, true)}});
   }
 }
@@ -216,7 +218,9 @@ TEST_F(PrefixCacheTiny, ConcurrentCommonPrefixAndSmallPool) {
     EXPECT_GT(hits2, 0);
     const EngineStats s = hot->Stats();
     EXPECT_EQ(s.num_kv_blocks_used, 0);
-    if (blocks > 0) EXPECT_GT(s.num_preemptions, 0) << "24 blocks should force preemption";
+    if (blocks > 0) {
+      EXPECT_GT(s.num_preemptions, 0) << "24 blocks should force preemption";
+    }
   }
 }
 

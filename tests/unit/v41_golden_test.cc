@@ -281,20 +281,26 @@ TEST_F(V41Golden, DecodeMatchesReference) {
       bool same = g5 == dec_ids;
       for (int i = 0; i < 5 && same; ++i) same = got[dec_ids[i]] == static_cast<float>(dec_vals[i]);
       bit_ref += same;
-      if (prefill_exact) EXPECT_TRUE(same) << "prompt " << k << " step " << st["step"] << ": not the reference's decode";
+      if (prefill_exact) {
+        EXPECT_TRUE(same) << "prompt " << k << " step " << st["step"] << ": not the reference's decode";
+      }
       // Against teacher forcing: never worse than the reference's decode.
       const auto tf_ids = tf["top_ids"].get<std::vector<int64_t>>();
       const int ov = Overlap(g5, tf_ids), ref_ov = Overlap(dec_ids, tf_ids);
       top5_ok += ov >= 4;
       ref_top5_ok += ref_ov >= 4;
-      if (ref_ov >= 4) EXPECT_GE(ov, 4) << "prompt " << k << " step " << st["step"];
+      if (ref_ov >= 4) {
+        EXPECT_GE(ov, 4) << "prompt " << k << " step " << st["step"];
+      }
       if (tf["margin_top1_top2"].get<double>() >= 0.05) {
         ++checked;
         const bool ok = g5[0] == tf["argmax"].get<int64_t>();
         const bool ref_ok = dec["argmax"].get<int64_t>() == tf["argmax"].get<int64_t>();
         top1_ok += ok;
         ref_top1_ok += ref_ok;
-        if (ref_ok) EXPECT_TRUE(ok) << "prompt " << k << " step " << st["step"];
+        if (ref_ok) {
+          EXPECT_TRUE(ok) << "prompt " << k << " step " << st["step"];
+        }
       }
     }
   }
@@ -496,7 +502,9 @@ TEST_F(V41Golden, DebugDumpSwitchWritesGoldenLayout) {
   const json j = json::parse(f);
   for (const auto& [l, L] : D["layers"].items()) {
     EXPECT_EQ(j["layers"][l]["router_indices"], L["router_indices"]) << "layer " << l;
-    if (L.contains("indexer_topk")) EXPECT_EQ(j["layers"][l]["indexer_topk"], L["indexer_topk"]) << "layer " << l;
+    if (L.contains("indexer_topk")) {
+      EXPECT_EQ(j["layers"][l]["indexer_topk"], L["indexer_topk"]) << "layer " << l;
+    }
   }
   EXPECT_EQ(j["engram_hash_ids"], D["engram_hash_ids"]);
   fs::remove_all(dir);
