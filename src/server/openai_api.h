@@ -50,6 +50,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -61,6 +62,7 @@
 #include "base/error.h"
 #include "deepinfer/engine.h"
 #include "server/engine_loop.h"
+#include "structured/tool_calls.h"
 #include "tokenizer/chat_format.h"
 
 namespace deepinfer::server {
@@ -129,12 +131,20 @@ struct ParsedRequest {
   bool thinking = false;        // chat: split reasoning_content
   bool want_logprobs = false;   // params.logprobs is set
   bool want_prompt_logprobs = false;  // params.prompt_logprobs is set
+  bool tools = false;           // chat: parse DSML tool calls from the output
+  bool v41 = true;              // chat: DSML spelling of DeepSeek-V4.1 (else V4)
+  // Structured output / forced tool call, compiled (structured/constraint.h).
+  std::shared_ptr<structured::CompiledGrammar> constraint;
   int num_choices() const { return static_cast<int>(prompts.size()) * n; }
   // One engine request per choice (see "n > 1" above).
   std::vector<GenerateRequest> ToGenerateRequests(const std::string& request_id) const;
 };
 
 ParsedRequest ParseCompletionRequest(const nlohmann::json& body, const ModelInfo& info);
+// The same with the body also parsed with key order kept (JSON Schema
+// properties are generated in the order written).
+ParsedRequest ParseCompletionRequest(const nlohmann::json& body, const nlohmann::ordered_json& ordered_body,
+                                     const ModelInfo& info);
 // The chat rendering options of a chat request body (add_generation_prompt,
 // chat_template_kwargs.thinking / enable_thinking / drop_thinking,
 // reasoning_effort), validated; used by /v1/chat/completions and by
@@ -190,9 +200,10 @@ class ResponseBuilder {
 
  private:
   struct Choice {
-    explicit Choice(bool thinking) : splitter(thinking) {}
-    ReasoningSplitter splitter;
+    Choice(bool thinking, bool tools, bool v41) : parser(thinking, tools, v41) {}
+    structured::OutputParser parser;  // reasoning / content / DSML tool calls
     std::string content, reasoning;
+    nlohmann::json tool_calls = nlohmann::json::array();  // OpenAI's message.tool_calls
     std::vector<int32_t> token_ids;
     std::vector<LogprobsEntry> logprobs;
     std::vector<std::optional<LogprobsEntry>> prompt_logprobs;  // first choice of each prompt only
@@ -206,8 +217,13 @@ class ResponseBuilder {
   std::string Event(const nlohmann::json& chunk) const;
   nlohmann::json Usage() const;
   nlohmann::json ChunkBase() const;
-  // Applies o to the choice; returns the content / reasoning text that is new.
-  ReasoningSplitter::Delta Apply(Choice& c, ChoiceOutput& o);
+  // Applies o to the choice; returns the content / reasoning text and the tool
+  // calls that are new (calls get their id and index here).
+  struct ChoiceDelta {
+    std::string reasoning, content;
+    nlohmann::json tool_calls = nlohmann::json::array();
+  };
+  ChoiceDelta Apply(Choice& c, ChoiceOutput& o);
   nlohmann::json CompletionLogprobs(int64_t* text_offset, const std::vector<LogprobsEntry>& entries) const;
   nlohmann::json ChatLogprobs(const std::vector<LogprobsEntry>& entries) const;
   nlohmann::json PromptLogprobsJson(const std::vector<std::optional<LogprobsEntry>>& entries) const;
