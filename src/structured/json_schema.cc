@@ -143,7 +143,7 @@ Element JsonSchemaCompiler::Number(bool integer) {
     sign.Add('+');
     sign.Add('-');
     s.push_back(g_.Repeat({g_.Byte('.'), g_.Repeat({D}, 1, 16, "frac")}, 0, 1, "fraction"));
-    s.push_back(g_.Repeat({g_.Bytes(e), g_.Repeat({g_.Bytes(sign)}, 0, 1, "sign"), g_.Repeat({D}, 1, 3, "exp")}, 0, 1,
+    s.push_back(g_.Repeat({g_.Bytes(e), g_.Repeat({g_.Bytes(sign)}, 0, 1, "sign"), g_.Repeat({D}, 1, 2, "exp")}, 0, 1,
                           "exponent"));
   }
   return g_.Choice({s}, integer ? "integer" : "number");

@@ -22,7 +22,7 @@
 // optional ones may be left out). Strings: any character but " \ and control
 // characters, or the escapes \" \\ \/ \b \f \n \r \t \uXXXX (no surrogate
 // escapes); lengths count characters. Numbers: -?(0|[1-9][0-9]{0,15}) with an
-// optional fraction of 1..16 digits and exponent of 1..3 digits (integers: no
+// optional fraction of 1..16 digits and exponent of 1..2 digits (so every number is finite as a double) (integers: no
 // fraction or exponent) — bounded so a generation always terminates.
 #pragma once
 
