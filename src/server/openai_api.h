@@ -26,12 +26,18 @@
 //   format: one element per prompt token, null for the first, else
 //   {"<token id>": {"logprob", "rank", "decoded_token"}} holding the top-N ids
 //   and the prompt token itself (raw log_softmax; -inf as -9999.0).
+// Structured output (both endpoints; response_format json_object /
+// json_schema on chat only): response_format, guided_json / guided_regex /
+// guided_choice / guided_grammar, structured_outputs — compiled while parsing
+// (structured/constraint.h) into ParsedRequest::constraint. Tool calling
+// (chat): tools, tool_choice, parallel_tool_calls (chat_tools.h); the output
+// is split by structured::OutputParser into reasoning_content, content and
+// message.tool_calls / delta.tool_calls, finish_reason "tool_calls".
+// docs/structured.md lists what is supported and the errors.
 // Unknown fields are ignored (vLLM's behaviour). Fields this engine cannot
 // honour are rejected with 400 rather than ignored: suffix, best_of != n,
-// tools / functions (no tool-call parser yet),
-// response_format other than {"type": "text"}, guided_* / structured_outputs,
-// skip_special_tokens = false, continue_final_message = true, echo with
-// logprobs.
+// functions (send tools), skip_special_tokens = false,
+// continue_final_message = true, echo with logprobs.
 //
 // n > 1: one engine request per choice; with a seed, choice j of a prompt uses
 // seed + j (vLLM's parallel sampling). Several prompts: choice index =
