@@ -492,7 +492,7 @@ void FinishShardStep(Engine::Impl& m, Scheduler& sched, ShardStep& st, std::vect
       m.mask_words.resize(static_cast<size_t>(m.token_vocab->num_words()));
       r.matcher->FillMask(m.mask_words);
       r.sampling->SetTokenBitmask(m.mask_words);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // Error (too ambiguous / deep), bad_alloc: this request only
       row_error[i] = std::string("structured output: ") + e.what();
     }
   }

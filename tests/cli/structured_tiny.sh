@@ -30,14 +30,21 @@ node "$SRC/tests/cli/structured_check.mjs" check "$SRC/tests/data/structured/acc
 awk 'NR % 50 == 1' "$WORK/in.jsonl" > "$WORK/solo_in.jsonl"
 "$BIN" generate --model "$MODEL" --prompts "$WORK/solo_in.jsonl" --output "$WORK/solo_out.jsonl" --max-num-seqs 1 \
   --max-model-len 512 --threads 1 --no-progress
-python3 - "$WORK/out.jsonl" "$WORK/solo_out.jsonl" <<'PY'
+# ... and the same subset all at once in a KV cache too small for it (recompute preemption).
+"$BIN" generate --model "$MODEL" --prompts "$WORK/solo_in.jsonl" --output "$WORK/pre_out.jsonl" --max-num-seqs 36 \
+  --max-model-len 512 --num-kv-blocks 40 --threads 1 --no-progress 2> "$WORK/pre.log"
+cat "$WORK/pre.log"
+grep -q "preemptions [1-9]" "$WORK/pre.log" || { echo "structured_tiny: expected preemptions"; exit 1; }
+python3 - "$WORK/out.jsonl" "$WORK/solo_out.jsonl" "$WORK/pre_out.jsonl" <<'PY'
 import json, sys
 batch = [json.loads(l) for l in open(sys.argv[1])]
 solo = [json.loads(l) for l in open(sys.argv[2])]
+pre = [json.loads(l) for l in open(sys.argv[3])]
 picked = [batch[i] for i in range(0, len(batch), 50)]
-assert len(picked) == len(solo), (len(picked), len(solo))
-for b, s in zip(picked, solo):
+assert len(picked) == len(solo) == len(pre), (len(picked), len(solo), len(pre))
+for b, s, p in zip(picked, solo, pre):
     assert b["token_ids"] == s["token_ids"], ("batched != alone", b["text"], s["text"])
-print(f"structured_tiny: {len(solo)} constrained requests alone == batched")
+    assert b["token_ids"] == p["token_ids"], ("batched != preempted", b["text"], p["text"])
+print(f"structured_tiny: {len(solo)} constrained requests alone == batched == preempted")
 PY
 echo "structured_tiny: ok"
