@@ -32,7 +32,7 @@ awk 'NR % 50 == 1' "$WORK/in.jsonl" > "$WORK/solo_in.jsonl"
   --max-model-len 512 --threads 1 --no-progress
 # ... and the same subset all at once in a KV cache too small for it (recompute preemption).
 "$BIN" generate --model "$MODEL" --prompts "$WORK/solo_in.jsonl" --output "$WORK/pre_out.jsonl" --max-num-seqs 36 \
-  --max-model-len 512 --num-kv-blocks 40 --threads 1 --no-progress 2> "$WORK/pre.log"
+  --max-model-len 512 --block-size 2 --num-kv-blocks 203 --threads 1 --no-progress 2> "$WORK/pre.log"
 cat "$WORK/pre.log"
 grep -q "preemptions [1-9]" "$WORK/pre.log" || { echo "structured_tiny: expected preemptions"; exit 1; }
 python3 - "$WORK/out.jsonl" "$WORK/solo_out.jsonl" "$WORK/pre_out.jsonl" <<'PY'
