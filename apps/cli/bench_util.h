@@ -42,5 +42,6 @@ void WriteJson(const std::filesystem::path& path, const nlohmann::json& j);
 
 // Registers `deepinfer bench e2e` (bench_e2e.cc) under the bench command.
 void RegisterBenchE2e(CLI::App& bench);
+void RegisterBenchStructured(CLI::App& bench);  // bench_structured.cc
 
 }  // namespace deepinfer::cli::bench

@@ -604,6 +604,7 @@ void RegisterBench(CLI::App& app) {
   k->add_option("--gemm-m", args->gemm_m, "GEMM row counts (default 64 128 256 512 1024 2048)");
   k->callback([args] { RunKernels(*args); });
   bench::RegisterBenchE2e(*bench_cmd);
+  bench::RegisterBenchStructured(*bench_cmd);
 }
 
 }  // namespace deepinfer::cli

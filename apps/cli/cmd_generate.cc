@@ -30,6 +30,7 @@
 #include "engine/parallel_runner.h"
 #include "engine_flags.h"
 #include "parallel/communicator.h"
+#include "structured/constraint.h"
 #include "tokenizer/chat_format.h"
 #include "tokenizer/tokenizer.h"
 
@@ -121,12 +122,14 @@ void RunGenerate(const GenerateOptions& o) {
           "prompt", "messages", "prompt_token_ids", "request_id", "thinking", "temperature", "top_p", "top_k",
           "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "seed",
           "max_tokens", "min_tokens", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos",
-          "logprobs", "prompt_logprobs"};
+          "logprobs", "prompt_logprobs", "response_format", "guided_json", "guided_regex", "guided_choice",
+          "guided_grammar", "structured_outputs"};
       for (const auto& [key, value] : j.items())
         if (!kKnown.contains(key))
           Fail(ErrorKind::kInvalidArgument, "unknown field \"{}\" (input lines take prompt | messages | prompt_token_ids, request_id, "
                "thinking and the sampling fields of the API)", key);
       GenerateRequest req;
+      bool thinking = false;
       if (j.contains("request_id")) {
         if (!j["request_id"].is_string()) Fail(ErrorKind::kInvalidArgument, "request_id must be a string");
         req.request_id = j["request_id"].get<std::string>();
@@ -155,6 +158,7 @@ void RunGenerate(const GenerateOptions& o) {
         // Key order matters to the renderer (tool arguments are dumped as written).
         const auto ordered = nlohmann::ordered_json::parse(line);
         req.prompt_token_ids = EncodeChat(*tok, ordered["messages"], chat);
+        thinking = chat.thinking;
       } else {
         const json& ids = j["prompt_token_ids"];
         if (!ids.is_array()) Fail(ErrorKind::kInvalidArgument, "prompt_token_ids must be an array of integers");
@@ -170,6 +174,11 @@ void RunGenerate(const GenerateOptions& o) {
         req.prompt_token_ids = std::move(v);
       }
       req.params = SamplingParams::FromJson(j, defaults, limits);
+      // Structured output (the API's fields; response_format only with messages, as on the chat endpoint).
+      if (auto spec = structured::ParseConstraintFields(nlohmann::ordered_json::parse(line), j.contains("messages"))) {
+        spec->after_reasoning = thinking;
+        req.constraint = structured::CompileConstraint(*spec);
+      }
       line_of[engine->Submit(req)] = i;
     } catch (const Error& e) {
       results.back()["error"] = e.what();

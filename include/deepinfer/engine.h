@@ -31,6 +31,9 @@ namespace deepinfer {
 
 class Tokenizer;
 class ModelBackend;
+namespace structured {
+class CompiledGrammar;
+}
 
 // Engine arguments, named as vLLM's (--max-num-seqs → max_num_seqs, ...).
 struct EngineArgs {
@@ -73,6 +76,11 @@ struct GenerateRequest {
   std::optional<std::vector<int32_t>> prompt_token_ids;
   SamplingParams params;
   std::string request_id;  // caller's label, used in error messages
+  // Structured output (src/structured/constraint.h): when set, every generated
+  // token keeps the output inside this grammar (the sampler's token bitmask)
+  // and EOS is allowed only where the grammar may end. Needs the tokenizer;
+  // not combinable with ignore_eos (Submit throws kInvalidArgument).
+  std::shared_ptr<structured::CompiledGrammar> constraint;
 };
 
 // Incremental output of one request after a Step(). When `finished`, the

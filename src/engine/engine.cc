@@ -18,6 +18,7 @@
 #include "parallel/communicator.h"
 #include "scheduler/scheduler.h"
 #include "sampling/stop_checker.h"
+#include "structured/matcher.h"
 #include "tokenizer/detokenizer.h"
 #include "tokenizer/tokenizer.h"
 
@@ -36,6 +37,7 @@ struct RequestRecord {
   std::unique_ptr<SamplingState> sampling;
   std::unique_ptr<StopChecker> stop;
   std::unique_ptr<IncrementalDetokenizer> detok;
+  std::unique_ptr<structured::Matcher> matcher;  // structured output, when asked
   int64_t num_prompt_tokens = 0;
   std::optional<int64_t> num_cached_tokens;  // prefix-cache hit at its first admission
   std::vector<int32_t> output_ids;
@@ -84,6 +86,8 @@ struct Engine::Impl {
   EngineStats stats;
   std::vector<float> logits;
   std::vector<float> sample_rows;  // sampling rows gathered when a step also returns prompt rows
+  std::unique_ptr<structured::TokenVocab> token_vocab;  // built at the first constrained request
+  std::vector<uint32_t> mask_words;
 
   RequestOutput& Pending(RequestRecord& r) {
     if (!r.has_pending) {
@@ -353,6 +357,13 @@ uint64_t Engine::Submit(const GenerateRequest& req) {
     const size_t tail = std::min<size_t>(ids.size(), 4);
     rec->detok->Prime(std::span<const int32_t>(ids.data() + ids.size() - tail, tail));
   }
+  if (req.constraint) {
+    if (!m.tokenizer) Fail(ErrorKind::kInvalidArgument, "{}: structured output needs tokenizer.json in the model directory", label);
+    if (req.params.ignore_eos)
+      Fail(ErrorKind::kInvalidArgument, "{}: ignore_eos cannot be combined with a structured-output constraint", label);
+    if (!m.token_vocab) m.token_vocab = std::make_unique<structured::TokenVocab>(*m.tokenizer, vocab, m.eos_ids);
+    rec->matcher = std::make_unique<structured::Matcher>(req.constraint, m.token_vocab.get());
+  }
   const int64_t max_tokens = req.params.max_tokens.value_or(m.args.max_model_len - n);
   // Data parallelism: the least-loaded shard (fewest running + waiting; ties: lowest index).
   int best = 0;
@@ -473,6 +484,18 @@ void FinishShardStep(Engine::Impl& m, Scheduler& sched, ShardStep& st, std::vect
   std::vector<int32_t> sampled(plan.seqs.size(), -1);
   const int64_t vocab = m.backend->vocab_size();
   if (st.any_all_logits) ComputePromptLogprobs(m, sched, logits, plan, seqs, st.row0, &row_error);
+  // Structured output: each constrained row's mask, from its own matcher only (batch-invariant).
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    RequestRecord& r = *m.requests.at(plan.seqs[i].id);
+    if (!plan.seqs[i].sample || row_error[i] || !r.matcher) continue;
+    try {
+      m.mask_words.resize(static_cast<size_t>(m.token_vocab->num_words()));
+      r.matcher->FillMask(m.mask_words);
+      r.sampling->SetTokenBitmask(m.mask_words);
+    } catch (const std::exception& e) {  // Error (too ambiguous / deep), bad_alloc: this request only
+      row_error[i] = std::string("structured output: ") + e.what();
+    }
+  }
   // Sample every row that wants a token.
   std::vector<const SamplingState*> states;
   std::vector<size_t> rows;
@@ -525,6 +548,11 @@ void FinishShardStep(Engine::Impl& m, Scheduler& sched, ShardStep& st, std::vect
     if (r.finished) continue;
     const int32_t tok = sampled[i];
     r.sampling->Accept(tok);
+    if (r.matcher && !r.matcher->AcceptToken(tok)) {
+      sched.Finish(r.id, SeqFinishReason::kError);
+      m.FinishRecord(r, "error", fmt::format("structured output: token {} does not continue the constraint", tok));
+      continue;
+    }
     r.output_ids.push_back(tok);
     ++m.stats.generation_tokens_total;
     if (!r.first_token) r.first_token = now;

@@ -136,7 +136,7 @@ void HttpServer::Impl::HandleGenerate(const httplib::Request& req, httplib::Resp
   if (ep == Endpoint::kChat) {
     st->parsed = ParseChatRequest(body, nlohmann::ordered_json::parse(req.body), *mi);
   } else {
-    st->parsed = ParseCompletionRequest(body, *mi);
+    st->parsed = ParseCompletionRequest(body, nlohmann::ordered_json::parse(req.body), *mi);
   }
   const std::string id = NewRequestId(ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
   st->builder = std::make_unique<ResponseBuilder>(st->parsed, *mi, id, static_cast<int64_t>(std::time(nullptr)));

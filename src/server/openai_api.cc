@@ -6,6 +6,9 @@
 
 #include <fmt/format.h>
 
+#include "server/chat_tools.h"
+#include "structured/constraint.h"
+#include "structured/tool_calls.h"
 #include "tokenizer/chat_format.h"
 #include "tokenizer/tokenizer.h"
 
@@ -34,7 +37,9 @@ const std::set<std::string>& RequestFields() {
       "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
       "logit_bias", "seed", "max_tokens", "min_tokens", "stop", "stop_token_ids", "include_stop_str_in_output",
       "ignore_eos", "logprobs", "prompt_logprobs", "prompt", "messages", "top_logprobs", "max_completion_tokens",
-      "n", "stream", "stream_options", "echo", "model", "reasoning_effort", "chat_template_kwargs"};
+      "n", "stream", "stream_options", "echo", "model", "reasoning_effort", "chat_template_kwargs",
+      "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+      "guided_whitespace_pattern", "tools", "tool_choice"};
   return k;
 }
 
@@ -151,17 +156,6 @@ void ParseCommon(const json& body, ParsedRequest* r) {
   }
   if (const json* u = Field(body, "user"); u && !u->is_string())
     BadRequest(fmt::format("user: expected a string, found {}", u->type_name()), "user");
-  for (const char* k : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"})
-    RejectIfSet(body, k, "structured output is not implemented by this engine");
-  if (const json* rf = Field(body, "response_format")) {
-    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
-      BadRequest("response_format: expected an object with a string \"type\"", "response_format");
-    if ((*rf)["type"] != "text")
-      BadRequest(fmt::format("response_format type \"{}\" is not supported (only \"text\"): structured output is not "
-                             "implemented by this engine",
-                             (*rf)["type"].get<std::string>()),
-                 "response_format");
-  }
   if (!GetBool(body, "skip_special_tokens", true))
     BadRequest("skip_special_tokens = false is not supported", "skip_special_tokens");
   if (const json* b = Field(body, "best_of")) {
@@ -182,6 +176,24 @@ SamplingParams ParseSampling(const json& sampling_fields, const ModelInfo& info,
     ApiError a = FromLibraryError(e);
     if (a.param == std::optional<std::string>("logprobs")) a.param = logprobs_param;
     throw a;
+  }
+}
+
+// Structured output (structured/constraint.h): compiled here, in the HTTP
+// thread, so a bad or oversized constraint is a 400 before anything is queued.
+void ParseConstraint(const nlohmann::ordered_json& ordered_body, bool chat, bool thinking, ParsedRequest* r) {
+  std::optional<structured::ConstraintSpec> spec;
+  try {
+    spec = structured::ParseConstraintFields(ordered_body, chat);
+  } catch (const Error& e) {
+    throw FromLibraryError(e);
+  }
+  if (!spec) return;
+  spec->after_reasoning = thinking;
+  try {
+    r->constraint = structured::CompileConstraint(*spec);
+  } catch (const Error& e) {
+    throw FromLibraryError(e, spec->field);
   }
 }
 
@@ -267,10 +279,16 @@ std::vector<int32_t> EncodeText(const std::string& text, const ModelInfo& info, 
 }  // namespace
 
 ParsedRequest ParseCompletionRequest(const json& body, const ModelInfo& info) {
+  return ParseCompletionRequest(body, nlohmann::ordered_json(body), info);
+}
+
+ParsedRequest ParseCompletionRequest(const json& body, const nlohmann::ordered_json& ordered_body, const ModelInfo& info) {
   CheckModel(body, info);
   ParsedRequest r;
   r.endpoint = Endpoint::kCompletions;
   ParseCommon(body, &r);
+  RejectIfSet(body, "tools", "tool calling is only available on /v1/chat/completions");
+  ParseConstraint(ordered_body, /*chat=*/false, /*thinking=*/false, &r);
   RejectIfSet(body, "suffix", "insertion (fill-in-the-middle) is not implemented");
   r.echo = GetBool(body, "echo", false);
   // prompt: string | [string] | [int] | [[int]]
@@ -368,11 +386,8 @@ ParsedRequest ParseChatRequest(const json& body, const nlohmann::ordered_json& o
   ParsedRequest r;
   r.endpoint = Endpoint::kChat;
   ParseCommon(body, &r);
-  for (const char* k : {"tools", "functions"}) {
-    const json* t = Field(body, k);
-    if (t && !(t->is_array() && t->empty()))
-      BadRequest(fmt::format("{} is not supported yet: this server has no tool-call parser", k), k);
-  }
+  if (const json* t = Field(body, "functions"); t && !(t->is_array() && t->empty()))
+    BadRequest("functions (the deprecated form of tools) is not supported: send tools", "functions");
   if (GetBool(body, "continue_final_message", false))
     BadRequest("continue_final_message is not supported", "continue_final_message");
   const json* msgs = Field(body, "messages");
@@ -386,6 +401,39 @@ ParsedRequest ParseChatRequest(const json& body, const nlohmann::ordered_json& o
 
   const ChatOptions chat = ChatOptionsFor(body, ordered_body, info);
   r.thinking = chat.thinking;
+  r.v41 = chat.encoding == ChatEncoding::kDeepseekV41;
+  // tools / tool_choice: rendered into the prompt (on the first system message);
+  // "required" or a named tool constrain the output to a DSML call.
+  const ToolsRequest tools = ParseTools(ordered_body, r.v41);
+  r.tools = tools.parse_calls;
+  nlohmann::ordered_json messages = ordered_body["messages"];
+  if (!tools.tools.empty()) {
+    if (!messages.empty() && messages[0].is_object() && messages[0].value("role", "") == "system" &&
+        !messages[0].contains("tools")) {
+      messages[0]["tools"] = tools.tools;
+    } else {
+      nlohmann::ordered_json sys = {{"role", "system"}, {"content", ""}, {"tools", tools.tools}};
+      messages.insert(messages.begin(), sys);
+    }
+  }
+  ParseConstraint(ordered_body, /*chat=*/true, r.thinking, &r);
+  if (tools.forced) {
+    if (r.constraint)
+      BadRequest("tool_choice \"required\" or a named tool cannot be combined with response_format / guided_* / "
+                 "structured_outputs",
+                 "tool_choice");
+    structured::ConstraintSpec spec;
+    spec.kind = structured::ConstraintSpec::Kind::kToolCalls;
+    spec.text = tools.forced->dump();
+    spec.field = "tools";
+    spec.what = "tools";
+    spec.after_reasoning = r.thinking;
+    try {
+      r.constraint = structured::CompileConstraint(spec);
+    } catch (const Error& e) {
+      throw FromLibraryError(e, "tools");
+    }
+  }
   // Lower bound: the bytes of the messages' content (always rendered; roles
   // become special tokens, reasoning may be dropped, so neither is counted).
   if (const json* m = Field(body, "messages"); m && m->is_array()) {
@@ -395,7 +443,7 @@ ParsedRequest ParseChatRequest(const json& body, const nlohmann::ordered_json& o
     CheckTextFits(content_bytes, info, "messages");
   }
   try {
-    r.prompts.push_back(EncodeChat(*info.tokenizer, ordered_body["messages"], chat));
+    r.prompts.push_back(EncodeChat(*info.tokenizer, messages, chat));
   } catch (const Error& e) {
     const std::string m = e.what();
     throw FromLibraryError(e, m.find("reasoning effort") != std::string::npos ? "reasoning_effort" : "messages");
@@ -450,6 +498,7 @@ std::vector<GenerateRequest> ParsedRequest::ToGenerateRequests(const std::string
     if (c % n != 0) g.params.prompt_logprobs.reset();
     if (params.seed) g.params.seed = static_cast<int64_t>(static_cast<uint64_t>(*params.seed) + static_cast<uint64_t>(c % n));
     g.request_id = fmt::format("{}-{}", request_id, c);
+    g.constraint = constraint;
     out.push_back(std::move(g));
   }
   return out;
@@ -503,7 +552,8 @@ ReasoningSplitter::Delta ReasoningSplitter::Flush() {
 
 ResponseBuilder::ResponseBuilder(const ParsedRequest& req, const ModelInfo& info, std::string id, int64_t created)
     : req_(req), info_(info), id_(std::move(id)), created_(created) {
-  for (int c = 0; c < req.num_choices(); ++c) choices_.emplace_back(req.endpoint == Endpoint::kChat && req.thinking);
+  const bool chat = req.endpoint == Endpoint::kChat;
+  for (int c = 0; c < req.num_choices(); ++c) choices_.emplace_back(chat && req.thinking, chat && req.tools, req.v41);
 }
 
 ResponseBuilder::~ResponseBuilder() = default;
@@ -595,20 +645,34 @@ json ResponseBuilder::ChatLogprobs(const std::vector<LogprobsEntry>& entries) co
   return json{{"content", content}};
 }
 
-ReasoningSplitter::Delta ResponseBuilder::Apply(Choice& c, ChoiceOutput& o) {
+ResponseBuilder::ChoiceDelta ResponseBuilder::Apply(Choice& c, ChoiceOutput& o) {
   RequestOutput& out = o.out;
-  ReasoningSplitter::Delta d = c.splitter.Push(out.new_text);
+  ChoiceDelta d;
+  auto take = [&](structured::OutputParser::Delta p) {
+    d.reasoning += p.reasoning;
+    d.content += p.content;
+    for (auto& call : p.calls) {
+      // "call_" + 24 hex digits, unique per call (OpenAI's form).
+      static thread_local std::mt19937_64 rng{std::random_device{}()};
+      const std::string id = fmt::format("call_{:016x}{:08x}", rng(), static_cast<uint32_t>(rng()));
+      const json tc = {{"id", id}, {"type", "function"}, {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
+      c.tool_calls.push_back(tc);
+      json streamed = tc;
+      streamed["index"] = c.tool_calls.size() - 1;
+      d.tool_calls.push_back(streamed);
+    }
+  };
+  take(c.parser.Push(out.new_text));
   c.token_ids.insert(c.token_ids.end(), out.new_token_ids.begin(), out.new_token_ids.end());
   if (req_.want_logprobs) c.logprobs.insert(c.logprobs.end(), out.new_logprobs.begin(), out.new_logprobs.end());
   if (req_.want_prompt_logprobs && !out.prompt_logprobs.empty()) c.prompt_logprobs = std::move(out.prompt_logprobs);
   if (out.finished && !c.finished) {
     c.cached_tokens = out.num_cached_tokens;
-    ReasoningSplitter::Delta tail = c.splitter.Flush();
-    d.reasoning += tail.reasoning;
-    d.content += tail.content;
+    take(c.parser.Flush());
     c.finished = true;
     ++num_finished_;
     c.finish_reason = out.finish_reason;
+    if (c.finish_reason == "stop" && !c.tool_calls.empty()) c.finish_reason = "tool_calls";
     if (out.stop_reason) {
       if (std::holds_alternative<std::string>(*out.stop_reason)) c.stop_reason = std::get<std::string>(*out.stop_reason);
       else c.stop_reason = std::get<int64_t>(*out.stop_reason);
@@ -666,7 +730,7 @@ std::string ResponseBuilder::OnStreamOutput(ChoiceOutput&& o) {
   std::vector<LogprobsEntry> new_lp = req_.want_logprobs ? o.out.new_logprobs : std::vector<LogprobsEntry>{};
   const bool first = !c.started;
   c.started = true;
-  ReasoningSplitter::Delta d = Apply(c, o);
+  ChoiceDelta d = Apply(c, o);
   if (c.finish_reason == "error") return "";  // the caller sends the error event
   json choice = {{"index", o.index}};
   bool any = c.finished || !new_lp.empty();
@@ -674,6 +738,18 @@ std::string ResponseBuilder::OnStreamOutput(ChoiceOutput&& o) {
     json delta = json::object();
     if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
     if (!d.content.empty()) delta["content"] = d.content;
+    if (!d.tool_calls.empty()) {
+      // Per call: a header delta (id, type, name, empty arguments), then the arguments fragment.
+      json list = json::array();
+      for (const json& tc : d.tool_calls) {
+        list.push_back(json{{"index", tc["index"]},
+                            {"id", tc["id"]},
+                            {"type", "function"},
+                            {"function", {{"name", tc["function"]["name"]}, {"arguments", ""}}}});
+        list.push_back(json{{"index", tc["index"]}, {"function", {{"arguments", tc["function"]["arguments"]}}}});
+      }
+      delta["tool_calls"] = list;
+    }
     any |= !delta.empty();
     choice["delta"] = delta;
     choice["logprobs"] = new_lp.empty() ? json(nullptr) : ChatLogprobs(new_lp);
@@ -724,6 +800,10 @@ json ResponseBuilder::Final() const {
     if (req_.endpoint == Endpoint::kChat) {
       json msg = {{"role", "assistant"}, {"content", c.content}};
       if (req_.thinking) msg["reasoning_content"] = c.reasoning;
+      if (req_.tools) {
+        msg["tool_calls"] = c.tool_calls;
+        if (c.content.empty() && !c.tool_calls.empty()) msg["content"] = nullptr;
+      }
       ch["message"] = msg;
       ch["logprobs"] = req_.want_logprobs ? ChatLogprobs(c.logprobs) : json(nullptr);
     } else {

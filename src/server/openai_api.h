@@ -26,12 +26,18 @@
 //   format: one element per prompt token, null for the first, else
 //   {"<token id>": {"logprob", "rank", "decoded_token"}} holding the top-N ids
 //   and the prompt token itself (raw log_softmax; -inf as -9999.0).
+// Structured output (both endpoints; response_format json_object /
+// json_schema on chat only): response_format, guided_json / guided_regex /
+// guided_choice / guided_grammar, structured_outputs — compiled while parsing
+// (structured/constraint.h) into ParsedRequest::constraint. Tool calling
+// (chat): tools, tool_choice, parallel_tool_calls (chat_tools.h); the output
+// is split by structured::OutputParser into reasoning_content, content and
+// message.tool_calls / delta.tool_calls, finish_reason "tool_calls".
+// docs/structured.md lists what is supported and the errors.
 // Unknown fields are ignored (vLLM's behaviour). Fields this engine cannot
 // honour are rejected with 400 rather than ignored: suffix, best_of != n,
-// tools / functions (no tool-call parser yet),
-// response_format other than {"type": "text"}, guided_* / structured_outputs,
-// skip_special_tokens = false, continue_final_message = true, echo with
-// logprobs.
+// functions (send tools), skip_special_tokens = false,
+// continue_final_message = true, echo with logprobs.
 //
 // n > 1: one engine request per choice; with a seed, choice j of a prompt uses
 // seed + j (vLLM's parallel sampling). Several prompts: choice index =
@@ -50,6 +56,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -61,6 +68,7 @@
 #include "base/error.h"
 #include "deepinfer/engine.h"
 #include "server/engine_loop.h"
+#include "structured/tool_calls.h"
 #include "tokenizer/chat_format.h"
 
 namespace deepinfer::server {
@@ -129,12 +137,20 @@ struct ParsedRequest {
   bool thinking = false;        // chat: split reasoning_content
   bool want_logprobs = false;   // params.logprobs is set
   bool want_prompt_logprobs = false;  // params.prompt_logprobs is set
+  bool tools = false;           // chat: parse DSML tool calls from the output
+  bool v41 = true;              // chat: DSML spelling of DeepSeek-V4.1 (else V4)
+  // Structured output / forced tool call, compiled (structured/constraint.h).
+  std::shared_ptr<structured::CompiledGrammar> constraint;
   int num_choices() const { return static_cast<int>(prompts.size()) * n; }
   // One engine request per choice (see "n > 1" above).
   std::vector<GenerateRequest> ToGenerateRequests(const std::string& request_id) const;
 };
 
 ParsedRequest ParseCompletionRequest(const nlohmann::json& body, const ModelInfo& info);
+// The same with the body also parsed with key order kept (JSON Schema
+// properties are generated in the order written).
+ParsedRequest ParseCompletionRequest(const nlohmann::json& body, const nlohmann::ordered_json& ordered_body,
+                                     const ModelInfo& info);
 // The chat rendering options of a chat request body (add_generation_prompt,
 // chat_template_kwargs.thinking / enable_thinking / drop_thinking,
 // reasoning_effort), validated; used by /v1/chat/completions and by
@@ -190,9 +206,10 @@ class ResponseBuilder {
 
  private:
   struct Choice {
-    explicit Choice(bool thinking) : splitter(thinking) {}
-    ReasoningSplitter splitter;
+    Choice(bool thinking, bool tools, bool v41) : parser(thinking, tools, v41) {}
+    structured::OutputParser parser;  // reasoning / content / DSML tool calls
     std::string content, reasoning;
+    nlohmann::json tool_calls = nlohmann::json::array();  // OpenAI's message.tool_calls
     std::vector<int32_t> token_ids;
     std::vector<LogprobsEntry> logprobs;
     std::vector<std::optional<LogprobsEntry>> prompt_logprobs;  // first choice of each prompt only
@@ -206,8 +223,13 @@ class ResponseBuilder {
   std::string Event(const nlohmann::json& chunk) const;
   nlohmann::json Usage() const;
   nlohmann::json ChunkBase() const;
-  // Applies o to the choice; returns the content / reasoning text that is new.
-  ReasoningSplitter::Delta Apply(Choice& c, ChoiceOutput& o);
+  // Applies o to the choice; returns the content / reasoning text and the tool
+  // calls that are new (calls get their id and index here).
+  struct ChoiceDelta {
+    std::string reasoning, content;
+    nlohmann::json tool_calls = nlohmann::json::array();
+  };
+  ChoiceDelta Apply(Choice& c, ChoiceOutput& o);
   nlohmann::json CompletionLogprobs(int64_t* text_offset, const std::vector<LogprobsEntry>& entries) const;
   nlohmann::json ChatLogprobs(const std::vector<LogprobsEntry>& entries) const;
   nlohmann::json PromptLogprobsJson(const std::vector<std::optional<LogprobsEntry>>& entries) const;

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # End-to-end test of `deepinfer serve`: starts the server on the tiny V4.1
 # checkpoint on a free loopback port and drives it with the official `openai`
-# npm client (tests/server/*.test.mjs, node's test runner).
-# Usage: server_e2e.sh <path-to-deepinfer> <source-dir>
+# npm client (node's test runner). Runs tests/server/*.test.mjs by default, or
+# the file given as the third argument with the serve flags after it in
+# place of the defaults (structured_e2e.sh).
+# Usage: server_e2e.sh <path-to-deepinfer> <source-dir> [test-file [serve flags...]]
 # Uses $DEEPINFER_TINY_DIR when it holds a checkpoint, else makes one with make-tiny.
 # DEEPINFER_SERVE_LAUNCH (e.g. "mpirun --oversubscribe -np 2") and DEEPINFER_SERVE_ARGS
 # (e.g. "--ep 2") run the same suite against a parallel job (tests/cli/server_mpi.sh).
@@ -10,6 +12,9 @@ set -euo pipefail
 BIN=$(realpath "$1")
 SRC=$(realpath "$2")
 NPM_DIR="$SRC/tools/npm"
+TESTS=("$SRC"/tests/server/*.test.mjs)
+FLAGS=(--max-model-len 256 --max-num-seqs 16 --max-num-batched-tokens 512 --max-request-bytes 1000000)
+if [ $# -ge 3 ]; then TESTS=("$3"); FLAGS=("${@:4}"); fi
 
 command -v node >/dev/null || { echo "server_e2e: node is not installed (scripts/setup.sh installs it)"; exit 1; }
 [ -d "$NPM_DIR/node_modules/openai" ] || { echo "server_e2e: $NPM_DIR/node_modules/openai is missing: run scripts/setup.sh"; exit 1; }
@@ -36,7 +41,7 @@ API_KEY="e2e-$RANDOM$RANDOM"
 # --port 0: the kernel picks a free port; the log line names it.
 # shellcheck disable=SC2086
 ${DEEPINFER_SERVE_LAUNCH:-} "$BIN" serve "$MODEL" ${DEEPINFER_SERVE_ARGS:-} --host 127.0.0.1 --port 0 --served-model-name tiny --api-key "$API_KEY" \
-  --max-model-len 256 --max-num-seqs 16 --max-num-batched-tokens 512 --max-request-bytes 1000000 \
+  "${FLAGS[@]}" \
   >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
 
@@ -51,7 +56,7 @@ done
 
 set +e
 DEEPINFER_URL="http://127.0.0.1:$PORT" DEEPINFER_API_KEY="$API_KEY" DEEPINFER_NPM_DIR="$NPM_DIR" \
-  timeout 800 node --test --test-reporter=spec "$SRC"/tests/server/*.test.mjs
+  timeout 800 node --test --test-reporter=spec "${TESTS[@]}"
 rc=$?
 set -e
 if [ $rc -ne 0 ]; then

@@ -26,6 +26,7 @@
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "structured/matcher.h"
 #include "tokenizer/tiny_tokenizer_files.h"
 #include "tokenizer/tokenizer.h"
 
@@ -410,6 +411,103 @@ TEST(OpenAiParse, PromptLogprobs) {
   const std::string sbody = R"({"messages":[{"role":"user","content":"Hi"}],"prompt_logprobs":0,"stream":true})";
   EXPECT_EQ(Catch([&] { ParseChatRequest(json::parse(sbody), nlohmann::ordered_json::parse(sbody), info); }).param,
             "prompt_logprobs");
+}
+
+// Tool calls: the DSML block of the output becomes message.tool_calls and
+// delta.tool_calls whatever the chunking; streamed argument fragments
+// concatenate to the final arguments; finish_reason "tool_calls".
+TEST(OpenAiResponse, ToolCallsStreamedAndFinalAgreeAtEveryCut) {
+  const ModelInfo info = Info();
+  const std::string body = R"({"messages":[{"role":"user","content":"Weather?"}],"stream":true,
+      "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+      "properties":{"city":{"type":"string"}}}}}]})";
+  const ParsedRequest r = ParseChatRequest(json::parse(body), nlohmann::ordered_json::parse(body), info);
+  ASSERT_TRUE(r.tools);
+  ASSERT_FALSE(r.constraint);  // "auto": not constrained
+  // The tools are in the prompt.
+  EXPECT_NE(SharedTokenizer().Decode(r.prompts[0]).find("\"name\": \"get_weather\""), std::string::npos);
+  const std::string text =
+      "Sure.\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n<｜DSML｜ parameter name=\"city\" "
+      "string=\"true\">Paris</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+  for (size_t cut = 0; cut <= text.size(); cut += 3) {
+    ResponseBuilder stream(r, info, "chatcmpl-x", 1);
+    ResponseBuilder whole(r, info, "chatcmpl-x", 1);
+    std::string events = stream.Prologue();
+    const std::vector<std::string> pieces = {text.substr(0, cut), text.substr(cut)};
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      ChoiceOutput o;
+      o.out.new_text = pieces[i];
+      o.out.new_token_ids = {static_cast<int32_t>(100 + i)};
+      if (i + 1 == pieces.size()) {
+        o.out.finished = true;
+        o.out.finish_reason = "stop";
+      }
+      ChoiceOutput o2 = o;
+      events += stream.OnStreamOutput(std::move(o));
+      whole.OnOutput(std::move(o2));
+    }
+    const json fin = whole.Final();
+    const json& msg = fin["choices"][0]["message"];
+    ASSERT_EQ(fin["choices"][0]["finish_reason"], "tool_calls");
+    ASSERT_EQ(msg["content"], "Sure.");
+    ASSERT_EQ(msg["tool_calls"].size(), 1u);
+    ASSERT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+    ASSERT_EQ(msg["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})");
+    std::string content, args, name, finish;
+    size_t pos = 0;
+    while ((pos = events.find("data: ", pos)) != std::string::npos) {
+      const size_t end = events.find("\n\n", pos);
+      const json c = json::parse(events.substr(pos + 6, end - pos - 6));
+      pos = end;
+      const json& d = c["choices"][0]["delta"];
+      if (d.contains("content")) content += d["content"].get<std::string>();
+      if (d.contains("tool_calls"))
+        for (const json& tc : d["tool_calls"]) {
+          EXPECT_EQ(tc["index"], 0);
+          if (tc["function"].contains("name")) name += tc["function"]["name"].get<std::string>();
+          args += tc["function"]["arguments"].get<std::string>();
+        }
+      if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+    }
+    ASSERT_EQ(content, "Sure.") << cut;
+    ASSERT_EQ(name, "get_weather") << cut;
+    ASSERT_EQ(args, R"({"city":"Paris"})") << cut;
+    ASSERT_EQ(finish, "tool_calls") << cut;
+  }
+}
+
+TEST(OpenAiParse, StructuredOutputFields) {
+  const ModelInfo info = Info();
+  auto chat = [&](const std::string& b) { return ParseChatRequest(json::parse(b), nlohmann::ordered_json::parse(b), info); };
+  const ParsedRequest a = chat(R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
+      "json_schema":{"name":"n","schema":{"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}}}}})");
+  ASSERT_TRUE(a.constraint);
+  auto c = a.constraint->InitialConfig();
+  EXPECT_TRUE(a.constraint->Advance(&c, R"({"b": 1, "a": "x"})"));  // properties in the order written
+  EXPECT_TRUE(a.constraint->Accepts(c));
+  EXPECT_EQ(a.ToGenerateRequests("id")[0].constraint, a.constraint);
+  const ParsedRequest forced = chat(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required",
+      "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{}}}}]})");
+  ASSERT_TRUE(forced.constraint);
+  auto fc = forced.constraint->InitialConfig();
+  EXPECT_TRUE(forced.constraint->Advance(&fc, "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n\n</｜DSML｜ invoke>\n</｜DSML｜ calls>"));
+  EXPECT_TRUE(forced.constraint->IsTerminal(fc));
+  auto err = [&](const std::string& b) {
+    try {
+      chat(b);
+    } catch (const ApiError& e) {
+      return std::string(e.param.value_or("")) + " | " + e.what();
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":3}}]})"),
+            "tools | tools[0].function.parameters must be an object (a JSON Schema), found number");
+  EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}})"),
+            "tool_choice | tool_choice: unknown tool \"g\" (tools defines: f)");
+  EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"guided_regex":"(a"})"),
+            "guided_regex | guided_regex: invalid or unsupported regular expression at offset 2: missing ')'");
+  EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"integer","maximum":3}}}})"),
+            "response_format | response_format.json_schema.schema: unsupported JSON Schema keyword \"maximum\" (at /)");
 }
 
 TEST(OpenAiResponse, StreamChunksAndFinalAgree) {
