@@ -6,12 +6,14 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
-  libhwy-dev libopenblas-dev libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev
+  libhwy-dev libopenblas-dev libpcre2-dev nlohmann-json3-dev
+  libboost-dev  # Boost.Beast + Boost.Asio: the HTTP server (src/server/http_transport.h)
   libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev libzstd-dev libicu-dev
   libopenmpi-dev openmpi-bin  # MPI scale-out (docs/parallel.md)
   nodejs python3 python3-numpy
   gnuplot-nox  # PNG plots of `deepinfer bench`
+  prometheus  # promtool: tests/server checks /metrics with `promtool check metrics`
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

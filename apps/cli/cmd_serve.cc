@@ -1,4 +1,4 @@
-// deepinfer serve MODEL_DIR — the OpenAI-compatible HTTP server
+// deepinfer serve --model MODEL_DIR (or serve MODEL_DIR) — the OpenAI-compatible HTTP server
 // (src/server/http_server.h). Binds 127.0.0.1:8000 by default; the engine
 // flags are those of `deepinfer generate` (vLLM names); the sampling flags set
 // server-wide defaults that each request's fields override.
@@ -33,12 +33,18 @@ struct ServeOptions {
   EngineFlags engine;
   SamplingFlags sampling;
   server::ServerOptions server;
-  std::string model;
+  std::string model;       // positional MODEL_DIR
+  std::string model_flag;  // --model DIR
   std::vector<std::string> served_model_names;
   bool thinking = false;
 };
 
 void RunServe(ServeOptions& o) {
+  if (!o.model.empty() && !o.model_flag.empty() && o.model != o.model_flag)
+    Fail(ErrorKind::kInvalidArgument, "serve: the model directory is given twice ({} and --model {}); give one",
+         o.model, o.model_flag);
+  if (o.model.empty()) o.model = o.model_flag;
+  if (o.model.empty()) Fail(ErrorKind::kInvalidArgument, "serve: give the model directory: serve --model DIR (or serve DIR)");
   o.engine.args.model = o.model;
   const EngineArgs args = o.engine.Resolve();
   CheckParallelArgs(args, World().size());  // before anything else (serve binds its port next)
@@ -98,17 +104,33 @@ void RunServe(ServeOptions& o) {
 void RegisterServe(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)");
   auto o = std::make_shared<ServeOptions>();
-  cmd->add_option("model", o->model, "Model directory")->required();
+  cmd->add_option("model", o->model, "Model directory (or --model DIR)");
+  cmd->add_option("--model", o->model_flag, "Model directory (as `generate --model`)");
   cmd->add_option("--host", o->server.host, "Address to bind (loopback by default)")->capture_default_str();
   cmd->add_option("--port", o->server.port, "Port (0 = any free port)")->capture_default_str();
   cmd->add_option("--api-key", o->server.api_key,
                   "Require \"Authorization: Bearer KEY\" on /v1 routes (default: $DEEPINFER_API_KEY, else none)");
   cmd->add_option("--served-model-name", o->served_model_names,
                   "Model name(s) clients use in \"model\" (default: the model directory as given)");
-  cmd->add_option("--max-request-bytes", o->server.max_request_bytes, "Largest request body accepted (413 above)")
+  cmd->add_option("--max-request-bytes", o->server.max_request_bytes,
+                  "Largest request body accepted, Content-Length or chunked (400 request_too_large above)")
       ->capture_default_str();
   cmd->add_option("--http-threads", o->server.http_threads,
-                  "HTTP worker threads (each open stream or keep-alive connection holds one)")
+                  "HTTP I/O threads, and as many request-handling threads (connections do not hold threads)")
+      ->capture_default_str();
+  cmd->add_option("--max-connections", o->server.max_connections,
+                  "Open connections accepted at once (503 too_many_connections beyond)")
+      ->capture_default_str();
+  cmd->add_option("--timeout-keep-alive", o->server.timeout_keep_alive_s,
+                  "Seconds a connection may wait with no request in progress")
+      ->capture_default_str();
+  cmd->add_option("--timeout-header", o->server.timeout_header_s,
+                  "Seconds from a request's first byte to the end of its header")
+      ->capture_default_str();
+  cmd->add_option("--timeout-body", o->server.timeout_body_s, "Seconds from the end of the header to the end of the body")
+      ->capture_default_str();
+  cmd->add_option("--timeout-write", o->server.timeout_write_s,
+                  "Seconds a response write may make no progress (a client that stopped reading)")
       ->capture_default_str();
   cmd->add_flag("--thinking", o->thinking, "Render chat requests in thinking mode unless a request says otherwise");
   AddEngineFlags(cmd, &o->engine);

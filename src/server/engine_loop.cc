@@ -13,11 +13,34 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 }  // namespace
 
 void OutputChannel::Push(ChoiceOutput o) {
+  std::function<void()> fn;
   {
     std::lock_guard<std::mutex> lock(mu_);
     q_.push_back(std::move(o));
+    fn = notify_;
   }
   cv_.notify_all();
+  if (fn) fn();
+}
+
+bool OutputChannel::TryPop(std::vector<ChoiceOutput>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (q_.empty()) return false;
+  while (!q_.empty()) {
+    out->push_back(std::move(q_.front()));
+    q_.pop_front();
+  }
+  return true;
+}
+
+void OutputChannel::SetNotify(std::function<void()> fn) {
+  bool pending = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    notify_ = fn;
+    pending = !q_.empty();
+  }
+  if (pending && fn) fn();
 }
 
 bool OutputChannel::WaitPop(std::vector<ChoiceOutput>* out, std::chrono::milliseconds timeout) {
@@ -31,11 +54,11 @@ bool OutputChannel::WaitPop(std::vector<ChoiceOutput>* out, std::chrono::millise
 }
 
 struct EngineLoop::Command {
-  enum class Kind { kSubmit, kAbort } kind = Kind::kSubmit;
+  enum class Kind { kSubmit, kAbort, kAbortChannel } kind = Kind::kSubmit;
   std::vector<GenerateRequest> requests;
   Clock::time_point arrival;
   std::shared_ptr<OutputChannel> channel;
-  std::promise<std::vector<uint64_t>> reply;
+  SubmitDone done;
   std::vector<uint64_t> abort_ids;
 };
 
@@ -85,22 +108,51 @@ void EngineLoop::SetOnLoaded(std::function<void(State)> fn) {
 
 std::shared_ptr<OutputChannel> EngineLoop::Submit(std::vector<GenerateRequest> requests, std::vector<uint64_t>* ids,
                                                   Clock::time_point arrival) {
+  auto reply = std::make_shared<std::promise<std::vector<uint64_t>>>();
+  std::future<std::vector<uint64_t>> f = reply->get_future();
+  auto channel = SubmitAsync(std::move(requests), arrival, [reply](std::vector<uint64_t> got, std::exception_ptr err) {
+    if (err) reply->set_exception(err);
+    else reply->set_value(std::move(got));
+  });
+  *ids = f.get();  // rethrows the engine's Error
+  return channel;
+}
+
+std::shared_ptr<OutputChannel> EngineLoop::SubmitAsync(std::vector<GenerateRequest> requests,
+                                                       Clock::time_point arrival, SubmitDone done) {
   auto cmd = std::make_unique<Command>();
   cmd->kind = Command::Kind::kSubmit;
   cmd->requests = std::move(requests);
   cmd->arrival = arrival;
   cmd->channel = std::make_shared<OutputChannel>();
+  cmd->done = std::move(done);
   auto channel = cmd->channel;
-  std::future<std::vector<uint64_t>> reply = cmd->reply.get_future();
+  const char* refused = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) Fail(ErrorKind::kInternal, "the engine is shutting down");
-    if (state_ != State::kReady) Fail(ErrorKind::kInternal, "the engine is not ready");
+    if (stop_) refused = "the engine is shutting down";
+    else if (state_ != State::kReady) refused = "the engine is not ready";
+    else commands_.push_back(std::move(cmd));
+  }
+  if (refused) {
+    cmd->done({}, std::make_exception_ptr(Error(ErrorKind::kInternal, refused)));
+    return channel;
+  }
+  cv_.notify_all();
+  return channel;
+}
+
+void EngineLoop::AbortChannel(const std::shared_ptr<OutputChannel>& channel) {
+  if (!channel) return;
+  auto cmd = std::make_unique<Command>();
+  cmd->kind = Command::Kind::kAbortChannel;
+  cmd->channel = channel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
     commands_.push_back(std::move(cmd));
   }
   cv_.notify_all();
-  *ids = reply.get();  // rethrows the engine's Error
-  return channel;
 }
 
 void EngineLoop::Abort(const std::vector<uint64_t>& ids) {
@@ -216,8 +268,13 @@ void EngineLoop::Run() {
         for (uint64_t id : cmd->abort_ids) engine_->Abort(id);
         continue;
       }
+      if (cmd->kind == Command::Kind::kAbortChannel) {
+        for (auto& [id, r] : routes_)
+          if (r->channel == cmd->channel) engine_->Abort(id);
+        continue;
+      }
       if (stopping) {
-        cmd->reply.set_exception(std::make_exception_ptr(Error(ErrorKind::kInternal, "the engine is shutting down")));
+        cmd->done({}, std::make_exception_ptr(Error(ErrorKind::kInternal, "the engine is shutting down")));
         continue;
       }
       std::vector<uint64_t> ids;
@@ -227,7 +284,7 @@ void EngineLoop::Run() {
         // All or nothing: abort the part of the group already queued (no route
         // is registered for it, so its "abort" outputs are dropped).
         for (uint64_t id : ids) engine_->Abort(id);
-        cmd->reply.set_exception(std::current_exception());
+        cmd->done({}, std::current_exception());
         continue;
       }
       for (size_t i = 0; i < ids.size(); ++i) {
@@ -237,7 +294,7 @@ void EngineLoop::Run() {
         r->arrival = cmd->arrival;
         routes_[ids[i]] = std::move(r);
       }
-      cmd->reply.set_value(ids);
+      cmd->done(std::move(ids), nullptr);
     }
     if (stopping) {
       for (auto& [id, r] : routes_) engine_->Abort(id);

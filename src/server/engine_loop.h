@@ -31,6 +31,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -60,11 +61,17 @@ class OutputChannel {
   // Waits up to `timeout` for outputs and moves every queued one into *out.
   // Returns false if nothing arrived.
   bool WaitPop(std::vector<ChoiceOutput>* out, std::chrono::milliseconds timeout);
+  // Moves every queued output into *out without waiting; false if none.
+  bool TryPop(std::vector<ChoiceOutput>* out);
+  // `fn` runs after every Push (on the pushing thread, normally the engine
+  // thread: it must not block), and once at once if outputs are already queued.
+  void SetNotify(std::function<void()> fn);
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<ChoiceOutput> q_;
+  std::function<void()> notify_;
 };
 
 // Facts about the loaded model, fixed once the engine is ready (safe to read
@@ -101,8 +108,20 @@ class EngineLoop {
   // engine is not ready or the loop is stopping.
   std::shared_ptr<OutputChannel> Submit(std::vector<GenerateRequest> requests, std::vector<uint64_t>* ids,
                                         Clock::time_point arrival = Clock::now());
+  // The same without waiting: returns the group's channel at once; `done`
+  // runs on the engine thread once the group is queued (ids, null error) or
+  // refused (no ids, the engine's Error as an exception_ptr; nothing of the
+  // group runs then). `done` must not block. If the loop is stopping or not
+  // ready, `done` runs on the calling thread with Error(kInternal).
+  using SubmitDone = std::function<void(std::vector<uint64_t> ids, std::exception_ptr error)>;
+  std::shared_ptr<OutputChannel> SubmitAsync(std::vector<GenerateRequest> requests, Clock::time_point arrival,
+                                             SubmitDone done);
   // Aborts the requests (asynchronously; finished or unknown ids are ignored).
   void Abort(const std::vector<uint64_t>& ids);
+  // Aborts every unfinished request of the group whose channel this is
+  // (asynchronously, in queue order: a group still being submitted is aborted
+  // right after it is queued). The engine frees their blocks before its next step.
+  void AbortChannel(const std::shared_ptr<OutputChannel>& channel);
 
   // The engine's stats as of the last command batch or step (never older than
   // the outputs already delivered to channels).

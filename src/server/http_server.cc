@@ -1,17 +1,18 @@
 #include "server/http_server.h"
 
-#include <httplib.h>
-#include <sys/socket.h>
-
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <ctime>
 #include <map>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "base/error.h"
+#include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "tokenizer/chat_format.h"
@@ -25,12 +26,17 @@ namespace {
 
 constexpr auto kPoll = std::chrono::milliseconds(50);
 
-void SendJson(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(Dump(body), "application/json");
+void SendJson(HttpExchange& ex, int status, const json& body, HttpHeaders extra = {}) {
+  ex.Respond(status, "application/json", Dump(body), std::move(extra));
 }
 
-void SendError(httplib::Response& res, const ApiError& e) { SendJson(res, e.status, ErrorBody(e)); }
+void SendError(HttpExchange& ex, const ApiError& e, HttpHeaders extra = {}) {
+  SendJson(ex, e.status, ErrorBody(e), std::move(extra));
+}
+
+ApiError ShuttingDown() {
+  return ApiError(503, "server_error", "the server is shutting down", std::nullopt, std::string("shutting_down"));
+}
 
 // Constant-time comparison (the key's length is not secret).
 bool SameKey(const std::string& a, const std::string& b) {
@@ -40,19 +46,39 @@ bool SameKey(const std::string& a, const std::string& b) {
   return d == 0;
 }
 
+std::chrono::milliseconds Millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
 }  // namespace
+
+// One in-flight completion request: the exchange it answers, its engine
+// group's channel, and the response being built. Everything below `mu` is
+// touched with it held (handler threads drain outputs as they come).
+struct InFlight {
+  std::shared_ptr<HttpExchange> ex;
+  ParsedRequest parsed;
+  std::unique_ptr<ResponseBuilder> builder;
+  std::shared_ptr<OutputChannel> channel;
+  std::mutex mu;
+  bool submitted = false;  // the engine accepted the group (the stream, if any, is started)
+  bool finished = false;   // answered (or the client is gone and the engine said so)
+};
 
 struct HttpServer::Impl {
   ServerOptions opts;
   ServerMetrics metrics;
   std::unique_ptr<EngineLoop> loop;
-  httplib::Server svr;
+  std::unique_ptr<HttpTransport> http;
   std::atomic<bool> stopping{false};
-  std::atomic<int> active_streams{0};  // SSE responses not yet finished
   bool bound = false;
   EngineFactory factory;  // moved into the loop by Bind()
   std::mutex info_mu;
   std::unique_ptr<ModelInfo> info;
+
+  std::mutex inflight_mu;
+  std::condition_variable inflight_cv;
+  std::set<std::shared_ptr<InFlight>> inflight;
 
   // The model facts for request parsing (built once the engine is ready).
   const ModelInfo* Info() {
@@ -80,10 +106,11 @@ struct HttpServer::Impl {
   // Runs a handler with the common checks: auth for /v1, engine readiness,
   // and every failure turned into an OpenAI error body.
   template <typename F>
-  void Guarded(const httplib::Request& req, httplib::Response& res, bool needs_engine, F&& fn) {
+  void Guarded(HttpExchange& ex, bool needs_engine, F&& fn) {
+    const HttpRequest& req = ex.request();
     try {
       if (!opts.api_key.empty() && req.path.rfind("/v1", 0) == 0) {
-        const std::string auth = req.get_header_value("Authorization");
+        const std::string auth = req.Header("Authorization");
         const std::string prefix = "Bearer ";
         if (auth.rfind(prefix, 0) != 0 || !SameKey(auth.substr(prefix.size()), opts.api_key))
           throw ApiError(401, "invalid_request_error",
@@ -92,7 +119,7 @@ struct HttpServer::Impl {
                          std::nullopt, "invalid_api_key");
       }
       if (needs_engine) {
-        if (stopping) throw ApiError(503, "server_error", "the server is shutting down", std::nullopt, "shutting_down");
+        if (stopping) throw ShuttingDown();
         const EngineLoop::State s = loop->state();
         if (s == EngineLoop::State::kLoading)
           throw ApiError(503, "server_error", "the model is still loading; retry when GET /health answers 200",
@@ -103,139 +130,156 @@ struct HttpServer::Impl {
       }
       fn();
     } catch (const ApiError& e) {
-      SendError(res, e);
+      SendError(ex, e);
     } catch (const Error& e) {
-      SendError(res, FromLibraryError(e));
+      SendError(ex, FromLibraryError(e));
     } catch (const std::exception& e) {
       spdlog::error("{} {}: {}", req.method, req.path, e.what());
-      SendError(res, ApiError(500, "server_error", std::string("internal error: ") + e.what()));
+      SendError(ex, ApiError(500, "server_error", std::string("internal error: ") + e.what()));
     }
   }
 
-  void HandleGenerate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
-  void HandleTokenize(const httplib::Request& req, httplib::Response& res);
-  void HandleDetokenize(const httplib::Request& req, httplib::Response& res);
-  void Routes();
+  void Handle(std::shared_ptr<HttpExchange> ex);
+  void HandleGenerate(const std::shared_ptr<HttpExchange>& ex, Endpoint ep);
+  void OnSubmitted(const std::shared_ptr<InFlight>& st, std::exception_ptr err);
+  void Drain(const std::shared_ptr<InFlight>& st);
+  void ShutdownOne(const std::shared_ptr<InFlight>& st);
+  void Finish(const std::shared_ptr<InFlight>& st);  // st->mu held
+  void HandleTokenize(HttpExchange& ex);
+  void HandleDetokenize(HttpExchange& ex);
 };
 
-// One in-flight completion request, shared by the handler and the streaming
-// content provider (which outlives the handler call).
-struct InFlight {
-  ParsedRequest parsed;
-  std::unique_ptr<ResponseBuilder> builder;
-  std::shared_ptr<OutputChannel> channel;
-  std::vector<uint64_t> ids;
-  bool finished = false;  // every choice reported, [DONE] written
-};
-
-void HttpServer::Impl::HandleGenerate(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
+void HttpServer::Impl::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, Endpoint ep) {
   const auto arrival = Clock::now();
   const ModelInfo* mi = Info();
-  json body = ParseJsonBody(req.body);
+  const std::string& raw = ex->request().body;
+  json body = ParseJsonBody(raw);
   auto st = std::make_shared<InFlight>();
+  st->ex = ex;
   if (ep == Endpoint::kChat) {
-    st->parsed = ParseChatRequest(body, nlohmann::ordered_json::parse(req.body), *mi);
+    st->parsed = ParseChatRequest(body, nlohmann::ordered_json::parse(raw), *mi);
   } else {
     st->parsed = ParseCompletionRequest(body, nlohmann::ordered_json::parse(req.body), *mi);
   }
   const std::string id = NewRequestId(ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
   st->builder = std::make_unique<ResponseBuilder>(st->parsed, *mi, id, static_cast<int64_t>(std::time(nullptr)));
-  try {
-    st->channel = loop->Submit(st->parsed.ToGenerateRequests(id), &st->ids, arrival);
-  } catch (const Error& e) {
-    throw FromLibraryError(e);
+  {
+    std::lock_guard<std::mutex> lock(inflight_mu);
+    if (stopping) throw ShuttingDown();
+    inflight.insert(st);
   }
-
-  if (!st->parsed.stream) {
-    std::vector<ChoiceOutput> outs;
-    while (!st->builder->done()) {
-      outs.clear();
-      if (!st->channel->WaitPop(&outs, kPoll)) {
-        if (stopping) {
-          loop->Abort(st->ids);
-          throw ApiError(503, "server_error", "the server is shutting down", std::nullopt, "shutting_down");
-        }
-        continue;
-      }
-      for (ChoiceOutput& o : outs) st->builder->OnOutput(std::move(o));
-      if (st->builder->error()) {
-        loop->Abort(st->ids);  // the other choices of a failed request are not needed
-        throw *st->builder->error();
-      }
-    }
-    SendJson(res, 200, st->builder->Final());
-    return;
-  }
-
-  // Streaming: events are produced inside cpp-httplib's chunked content provider.
-  res.status = 200;
-  res.set_header("Cache-Control", "no-cache");
+  HttpTransport* h = http.get();
+  std::weak_ptr<InFlight> weak = st;
+  st->channel = loop->SubmitAsync(st->parsed.ToGenerateRequests(id), arrival,
+                                  [this, h, st](std::vector<uint64_t>, std::exception_ptr err) {
+                                    h->Post([this, st, err] { OnSubmitted(st, err); });
+                                  });
+  // A client that goes away aborts its requests, streaming or not: the engine
+  // frees their blocks before its next step.
   EngineLoop* lp = loop.get();
-  std::atomic<bool>* stop_flag = &stopping;
-  std::atomic<int>* streams = &active_streams;
-  auto pending = std::make_shared<std::string>(st->builder->Prologue());
-  ++active_streams;
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [st, lp, stop_flag, pending](size_t /*offset*/, httplib::DataSink& sink) -> bool {
-        std::string& ev = *pending;
-        if (*stop_flag && !st->finished) {
-          // Shutting down: end the stream visibly (an error event and [DONE])
-          // instead of cutting it off; Run() waits briefly for this.
-          lp->Abort(st->ids);
-          st->finished = true;
-          ev += "data: " +
-                Dump(ErrorBody(ApiError(503, "server_error", "the server is shutting down", std::nullopt,
-                                        std::optional<std::string>("shutting_down")))) +
-                "\n\ndata: [DONE]\n\n";
-          if (!sink.write(ev.data(), ev.size())) return false;
-          ev.clear();
-          sink.done();
-          return true;
-        }
-        if (ev.empty()) {
-          std::vector<ChoiceOutput> outs;
-          if (!st->channel->WaitPop(&outs, kPoll)) {
-            // Nothing new: is the client still there?
-            if (*stop_flag || !sink.is_writable()) {
-              lp->Abort(st->ids);
-              return false;
-            }
-            return true;
-          }
-          for (ChoiceOutput& o : outs) {
-            ev += st->builder->OnStreamOutput(std::move(o));
-            if (st->builder->error()) break;
-          }
-          if (st->builder->error()) {
-            lp->Abort(st->ids);
-            ev += "data: " + Dump(ErrorBody(*st->builder->error())) + "\n\n" + "data: [DONE]\n\n";
-            st->finished = true;
-          } else if (st->builder->done()) {
-            ev += st->builder->Epilogue();
-            st->finished = true;
-          }
-        }
-        if (!ev.empty()) {
-          if (!sink.write(ev.data(), ev.size())) {
-            lp->Abort(st->ids);
-            return false;
-          }
-          ev.clear();
-        }
-        if (st->finished) sink.done();
-        return true;
-      },
-      [st, lp, streams](bool success) {
-        // Client gone or write failed before the end: free the engine's blocks now.
-        if (!success || !st->finished) lp->Abort(st->ids);
-        --*streams;
-      });
+  ex->OnClose([lp, ch = st->channel] { lp->AbortChannel(ch); });
+  st->channel->SetNotify([this, h, weak] {
+    if (auto s = weak.lock()) h->Post([this, s] { Drain(s); });
+  });
 }
 
-void HttpServer::Impl::HandleTokenize(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::Impl::OnSubmitted(const std::shared_ptr<InFlight>& st, std::exception_ptr err) {
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    if (st->finished) return;
+    if (err) {
+      ApiError e(500, "server_error", "internal error");
+      try {
+        std::rethrow_exception(err);
+      } catch (const Error& x) {
+        e = stopping ? ShuttingDown() : FromLibraryError(x);
+      } catch (const std::exception& x) {
+        e = ApiError(500, "server_error", std::string("internal error: ") + x.what());
+      }
+      SendError(*st->ex, e);
+      Finish(st);
+      return;
+    }
+    st->submitted = true;
+    if (st->parsed.stream) {
+      st->ex->StartStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+      std::string pro = st->builder->Prologue();
+      if (!pro.empty()) st->ex->Write(std::move(pro));
+    }
+  }
+  Drain(st);
+}
+
+void HttpServer::Impl::Drain(const std::shared_ptr<InFlight>& st) {
+  std::lock_guard<std::mutex> lock(st->mu);
+  if (!st->submitted || st->finished) return;
+  std::vector<ChoiceOutput> outs;
+  if (!st->channel->TryPop(&outs)) return;
+  ResponseBuilder& b = *st->builder;
+  if (!st->parsed.stream) {
+    for (ChoiceOutput& o : outs) {
+      b.OnOutput(std::move(o));
+      if (b.error()) break;
+    }
+    if (b.error()) {
+      loop->AbortChannel(st->channel);  // the other choices of a failed request are not needed
+      SendError(*st->ex, *b.error());
+      Finish(st);
+    } else if (b.done()) {
+      SendJson(*st->ex, 200, b.Final());
+      Finish(st);
+    }
+    return;
+  }
+  std::string ev;
+  for (ChoiceOutput& o : outs) {
+    ev += b.OnStreamOutput(std::move(o));
+    if (b.error()) break;
+  }
+  bool end = false;
+  if (b.error()) {
+    loop->AbortChannel(st->channel);
+    ev += "data: " + Dump(ErrorBody(*b.error())) + "\n\ndata: [DONE]\n\n";
+    end = true;
+  } else if (b.done()) {
+    ev += b.Epilogue();
+    end = true;
+  }
+  if (!ev.empty()) st->ex->Write(std::move(ev));
+  if (end) {
+    st->ex->End();
+    Finish(st);
+  }
+}
+
+// Shutting down: a stream ends visibly (a shutting_down error event and
+// [DONE]) instead of being cut off; a plain request gets 503.
+void HttpServer::Impl::ShutdownOne(const std::shared_ptr<InFlight>& st) {
+  std::lock_guard<std::mutex> lock(st->mu);
+  if (st->finished) return;
+  loop->AbortChannel(st->channel);
+  if (st->parsed.stream && st->submitted) {
+    st->ex->Write("data: " + Dump(ErrorBody(ShuttingDown())) + "\n\ndata: [DONE]\n\n");
+    st->ex->End();
+  } else {
+    SendError(*st->ex, ShuttingDown());
+  }
+  Finish(st);
+}
+
+void HttpServer::Impl::Finish(const std::shared_ptr<InFlight>& st) {
+  st->finished = true;
+  st->ex.reset();  // the exchange (and its connection) are not needed any more
+  {
+    std::lock_guard<std::mutex> lock(inflight_mu);
+    inflight.erase(st);
+  }
+  inflight_cv.notify_all();
+}
+
+void HttpServer::Impl::HandleTokenize(HttpExchange& ex) {
   const ModelInfo* mi = Info();
-  json body = ParseJsonBody(req.body);
+  json body = ParseJsonBody(ex.request().body);
   CheckModel(body, *mi);
   if (!mi->tokenizer) BadRequest("this model directory has no tokenizer.json");
   const bool has_prompt = body.contains("prompt"), has_messages = body.contains("messages");
@@ -257,7 +301,7 @@ void HttpServer::Impl::HandleTokenize(const httplib::Request& req, httplib::Resp
   } else {
     if (!body["messages"].is_array())
       BadRequest(fmt::format("messages: expected a list, found {}", body["messages"].type_name()), "messages");
-    const auto ordered = nlohmann::ordered_json::parse(req.body);
+    const auto ordered = nlohmann::ordered_json::parse(ex.request().body);
     const ChatOptions chat = ChatOptionsFor(body, ordered, *mi);  // exactly as /v1/chat/completions renders
     try {
       ids = EncodeChat(*mi->tokenizer, ordered["messages"], chat);
@@ -271,12 +315,12 @@ void HttpServer::Impl::HandleTokenize(const httplib::Request& req, httplib::Resp
     for (int32_t id : ids) strs.push_back(mi->tokenizer->IdToToken(id));
     out["token_strs"] = strs;
   }
-  SendJson(res, 200, out);
+  SendJson(ex, 200, out);
 }
 
-void HttpServer::Impl::HandleDetokenize(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::Impl::HandleDetokenize(HttpExchange& ex) {
   const ModelInfo* mi = Info();
-  json body = ParseJsonBody(req.body);
+  json body = ParseJsonBody(ex.request().body);
   CheckModel(body, *mi);
   if (!mi->tokenizer) BadRequest("this model directory has no tokenizer.json");
   if (!body.contains("tokens")) BadRequest("tokens is required", "tokens");
@@ -295,21 +339,47 @@ void HttpServer::Impl::HandleDetokenize(const httplib::Request& req, httplib::Re
     ids.push_back(static_cast<int32_t>(v));
   }
   try {
-    SendJson(res, 200, json{{"prompt", mi->tokenizer->Decode(ids)}});
+    SendJson(ex, 200, json{{"prompt", mi->tokenizer->Decode(ids)}});
   } catch (const Error& e) {
     throw FromLibraryError(e, "tokens");
   }
 }
 
-void HttpServer::Impl::Routes() {
-  svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    Guarded(req, res, true, [&] { HandleGenerate(req, res, Endpoint::kCompletions); });
-  });
-  svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    Guarded(req, res, true, [&] { HandleGenerate(req, res, Endpoint::kChat); });
-  });
-  svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    Guarded(req, res, true, [&] {
+void HttpServer::Impl::Handle(std::shared_ptr<HttpExchange> ex) {
+  const HttpRequest& req = ex->request();
+  // HEAD is GET without the body (the transport drops it).
+  const std::string method = req.method == "HEAD" ? "GET" : req.method;
+  struct Route {
+    const char* method;
+    const char* allow;
+  };
+  static const std::map<std::string, Route> kRoutes = {
+      {"/v1/completions", {"POST", "POST"}}, {"/v1/chat/completions", {"POST", "POST"}},
+      {"/tokenize", {"POST", "POST"}},       {"/detokenize", {"POST", "POST"}},
+      {"/v1/models", {"GET", "GET, HEAD"}},  {"/health", {"GET", "GET, HEAD"}},
+      {"/metrics", {"GET", "GET, HEAD"}},    {"/version", {"GET", "GET, HEAD"}}};
+  const auto it = kRoutes.find(req.path);
+  if (it == kRoutes.end()) {
+    SendError(*ex, ApiError(404, "invalid_request_error", fmt::format("no route for {} {}", req.method, req.path),
+                            std::nullopt, std::string("not_found")));
+    return;
+  }
+  if (method != it->second.method) {
+    // A known route with another method: 405 with Allow (as vLLM/FastAPI).
+    SendError(*ex,
+              ApiError(405, "invalid_request_error",
+                       fmt::format("method {} is not allowed on {}; use {}", req.method, req.path, it->second.allow),
+                       std::nullopt, std::string("method_not_allowed")),
+              {{"Allow", it->second.allow}});
+    return;
+  }
+  const std::string& p = req.path;
+  if (p == "/v1/completions") {
+    Guarded(*ex, true, [&] { HandleGenerate(ex, Endpoint::kCompletions); });
+  } else if (p == "/v1/chat/completions") {
+    Guarded(*ex, true, [&] { HandleGenerate(ex, Endpoint::kChat); });
+  } else if (p == "/v1/models") {
+    Guarded(*ex, true, [&] {
       const ModelInfo* mi = Info();
       json data = json::array();
       for (const auto& name : mi->served_model_names)
@@ -320,139 +390,69 @@ void HttpServer::Impl::Routes() {
                             {"root", mi->served_model_names.at(0)},
                             {"parent", nullptr},
                             {"max_model_len", mi->max_model_len}});
-      SendJson(res, 200, json{{"object", "list"}, {"data", data}});
+      SendJson(*ex, 200, json{{"object", "list"}, {"data", data}});
     });
-  });
-  svr.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    Guarded(req, res, true, [&] { HandleTokenize(req, res); });
-  });
-  svr.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    Guarded(req, res, true, [&] { HandleDetokenize(req, res); });
-  });
-  svr.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
-    Guarded(req, res, true, [&] {
-      res.status = 200;
-      res.set_content("", "text/plain");
+  } else if (p == "/tokenize") {
+    Guarded(*ex, true, [&] { HandleTokenize(*ex); });
+  } else if (p == "/detokenize") {
+    Guarded(*ex, true, [&] { HandleDetokenize(*ex); });
+  } else if (p == "/health") {
+    Guarded(*ex, true, [&] { ex->Respond(200, "text/plain", ""); });
+  } else if (p == "/metrics") {
+    Guarded(*ex, false, [&] {
+      ex->Respond(200, "text/plain; version=0.0.4; charset=utf-8",
+                  metrics.Render(loop->Stats(), opts.served_model_names.at(0)));
     });
-  });
-  svr.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
-    Guarded(req, res, false, [&] {
-      res.status = 200;
-      res.set_content(metrics.Render(loop->Stats(), opts.served_model_names.at(0)),
-                      "text/plain; version=0.0.4; charset=utf-8");
-    });
-  });
-  svr.Get("/version", [](const httplib::Request&, httplib::Response& res) {
-    SendJson(res, 200, json{{"version", "0.1.0"}});
-  });
-  // cpp-httplib 0.11 does not apply the payload limit to a chunked request
-  // body (it would read and buffer any size), so chunked uploads are refused
-  // before the body is read: 411, send Content-Length.
-  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    const std::string te = req.get_header_value("Transfer-Encoding");
-    if (te.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    SendError(res, ApiError(411, "invalid_request_error",
-                            fmt::format("Transfer-Encoding: {} request bodies are not accepted; send the body with a "
-                                        "Content-Length header (at most {} bytes, --max-request-bytes)",
-                                        te, opts.max_request_bytes),
-                            std::nullopt, std::optional<std::string>("length_required")));
-    res.set_header("Connection", "close");
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  // Statuses set by cpp-httplib itself (404 no route, 413 body too large, 400
-  // unparsable request) get an OpenAI error body too.
-  svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
-                                                                     httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    std::string msg, code;
-    // A known route with another method: 405 with Allow (as vLLM/FastAPI).
-    static const std::map<std::string, std::string> kAllowed = {
-        {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/tokenize", "POST"},
-        {"/detokenize", "POST"},     {"/v1/models", "GET, HEAD"},       {"/health", "GET, HEAD"},
-        {"/metrics", "GET, HEAD"},   {"/version", "GET, HEAD"}};
-    if (res.status == 404) {
-      if (const auto it = kAllowed.find(req.path); it != kAllowed.end()) {
-        res.status = 405;
-        res.set_header("Allow", it->second);
-        msg = fmt::format("method {} is not allowed on {}; use {}", req.method, req.path, it->second);
-        code = "method_not_allowed";
-      }
-    }
-    switch (res.status) {
-      case 405:
-        break;
-      case 404:
-        msg = fmt::format("no route for {} {}", req.method, req.path);
-        code = "not_found";
-        break;
-      case 413:
-        res.status = 400;  // edge validation answers 400 (the code says what it was)
-        msg = fmt::format("the request body is larger than this server's limit of {} bytes (--max-request-bytes)",
-                          opts.max_request_bytes);
-        code = "request_too_large";
-        break;
-      case 400:
-        msg = "the HTTP request could not be read: check the request line, the Content-Length of the body and "
-              "the Content-Type (application/json)";
-        break;
-      default:
-        msg = fmt::format("the HTTP request could not be handled (status {})", res.status);
-        break;
-    }
-    const ApiError e(res.status, res.status >= 500 ? "server_error" : "invalid_request_error", msg, std::nullopt,
-                     code.empty() ? std::nullopt : std::optional<std::string>(code));
-    res.set_content(Dump(ErrorBody(e)), "application/json");
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    SendError(res, ApiError(500, "server_error", "internal error: " + what));
-  });
+  } else if (p == "/version") {
+    SendJson(*ex, 200, json{{"version", "0.1.0"}});
+  }
 }
 
 HttpServer::HttpServer(ServerOptions options, EngineFactory factory) : impl_(std::make_unique<Impl>()) {
   if (options.served_model_names.empty())
     Fail(ErrorKind::kInvalidArgument, "--served-model-name: at least one name is needed");
-  if (options.http_threads < 1) Fail(ErrorKind::kInvalidArgument, "http_threads must be >= 1");
+  if (options.http_threads < 1) Fail(ErrorKind::kInvalidArgument, "--http-threads must be >= 1, got {}", options.http_threads);
+  for (const auto& [name, v] : {std::pair<const char*, double>{"--timeout-keep-alive", options.timeout_keep_alive_s},
+                                {"--timeout-header", options.timeout_header_s},
+                                {"--timeout-body", options.timeout_body_s},
+                                {"--timeout-write", options.timeout_write_s}})
+    if (!(v > 0 && v <= 86400)) Fail(ErrorKind::kInvalidArgument, "{} must be in (0, 86400] seconds, got {}", name, v);
   impl_->opts = std::move(options);
   // Validate the sampling defaults once, up front.
   SamplingParams::FromJson(impl_->opts.default_sampling);
   impl_->factory = std::move(factory);
-  const int threads = impl_->opts.http_threads;
-  impl_->svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  impl_->svr.set_payload_max_length(impl_->opts.max_request_bytes);
-  impl_->svr.set_tcp_nodelay(true);
-  // cpp-httplib's default sets SO_REUSEPORT, which lets a second server bind
-  // the same port and silently share its traffic. Only SO_REUSEADDR here: a
-  // busy port is an error, a port in TIME_WAIT can be reused.
-  impl_->svr.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
-  });
-  impl_->Routes();
+  const ServerOptions& o = impl_->opts;
+  HttpTransportOptions t;
+  t.host = o.host;
+  t.port = o.port;
+  t.io_threads = o.http_threads;
+  t.handler_threads = o.http_threads;
+  t.max_connections = o.max_connections;
+  t.max_request_bytes = o.max_request_bytes;
+  t.idle_timeout = Millis(o.timeout_keep_alive_s);
+  t.header_timeout = Millis(o.timeout_header_s);
+  t.body_timeout = Millis(o.timeout_body_s);
+  t.write_timeout = Millis(o.timeout_write_s);
+  Impl* impl = impl_.get();
+  impl_->http = std::make_unique<HttpTransport>(
+      t, [impl](std::shared_ptr<HttpExchange> ex) { impl->Handle(std::move(ex)); },
+      [](int status, const std::string& message, const std::string& code) {
+        const ApiError e(status, status >= 500 ? "server_error" : "invalid_request_error", message, std::nullopt,
+                         code.empty() ? std::nullopt : std::optional<std::string>(code));
+        return std::make_pair(Dump(ErrorBody(e)), std::string("application/json"));
+      });
 }
 
 HttpServer::~HttpServer() {
   Stop();
+  impl_->http->Stop();
   if (impl_->loop) impl_->loop->Stop();
 }
 
 int HttpServer::Bind() {
   Impl& m = *impl_;
   if (m.bound) Fail(ErrorKind::kInternal, "HttpServer::Bind called twice");
-  int port = m.opts.port;
-  if (port == 0) {
-    port = m.svr.bind_to_any_port(m.opts.host);
-    if (port < 0) Fail(ErrorKind::kInvalidArgument, "cannot bind {}:<any port>", m.opts.host);
-  } else if (!m.svr.bind_to_port(m.opts.host, port)) {
-    Fail(ErrorKind::kInvalidArgument, "cannot bind {}:{} (port in use or address not available)", m.opts.host, port);
-  }
+  const int port = m.http->Bind();
   m.bound = true;
   // Only now start loading the model: a port that cannot be bound fails fast.
   m.loop = std::make_unique<EngineLoop>(std::move(m.factory), &m.metrics);
@@ -468,36 +468,37 @@ int HttpServer::Bind() {
 }
 
 void HttpServer::Run() {
-  if (!impl_->bound) Bind();
-  // Listen on a helper thread and wait here for Stop() (or a load failure), so
-  // that a Stop() that comes before the listen loop has started is not lost.
-  std::atomic<bool> listening_done{false};
-  std::thread listener([&] {
-    impl_->svr.listen_after_bind();
-    listening_done = true;
-  });
-  while (!impl_->stopping && !listening_done) std::this_thread::sleep_for(kPoll);
-  // Give open streams a moment to send their shutdown event and [DONE]
-  // (cpp-httplib stops calling content providers once it stops).
-  for (int i = 0; i < 40 && impl_->active_streams > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  // Exactly one stop() while the listen loop runs (a second one would trip an
-  // assert inside cpp-httplib).
-  while (!listening_done) {
-    if (impl_->svr.is_running()) {
-      impl_->svr.stop();
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  Impl& m = *impl_;
+  if (!m.bound) Bind();
+  m.http->Start();
+  while (!m.stopping) std::this_thread::sleep_for(kPoll);
+  // End what is in flight visibly (streams get a shutting_down event and
+  // [DONE], plain requests 503), give the writes a moment, then close.
+  std::vector<std::shared_ptr<InFlight>> open;
+  {
+    std::lock_guard<std::mutex> lock(m.inflight_mu);
+    open.assign(m.inflight.begin(), m.inflight.end());
   }
-  listener.join();
-  impl_->stopping = true;
-  impl_->loop->Stop();
-  if (impl_->loop->state() == EngineLoop::State::kFailed)
-    Fail(ErrorKind::kInvalidArgument, "{}", impl_->loop->load_error());
+  for (auto& st : open) m.ShutdownOne(st);
+  open.clear();
+  {
+    std::unique_lock<std::mutex> lock(m.inflight_mu);
+    m.inflight_cv.wait_for(lock, std::chrono::seconds(2), [&] { return m.inflight.empty(); });
+  }
+  m.http->Stop();  // closes idle connections now, the others once their last write is out (<= 2 s)
+  m.loop->Stop();
+  {
+    std::lock_guard<std::mutex> lock(m.inflight_mu);
+    m.inflight.clear();
+  }
+  if (m.loop->state() == EngineLoop::State::kFailed)
+    Fail(ErrorKind::kInvalidArgument, "{}", m.loop->load_error());
 }
 
 void HttpServer::Stop() { impl_->stopping = true; }
 
 EngineLoop& HttpServer::loop() { return *impl_->loop; }
+
+HttpTransportCounters HttpServer::http_counters() const { return impl_->http->counters(); }
 
 }  // namespace deepinfer::server

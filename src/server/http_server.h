@@ -1,5 +1,7 @@
 // deepinfer/server/http_server.h — the OpenAI-compatible HTTP server
-// (`deepinfer serve`), on cpp-httplib (Debian's libcpp-httplib 0.11).
+// (`deepinfer serve`): routes, auth and the request lifecycle, on the
+// Beast/Asio transport of http_transport.h (this file and openai_api.h use no
+// HTTP library type).
 //
 // Endpoints:
 //   POST /v1/completions, POST /v1/chat/completions   openai_api.h; "stream": true
@@ -14,17 +16,23 @@
 //   GET  /metrics       Prometheus text (metrics.h)
 //   GET  /version       {"version": ...}
 //
-// Threads: cpp-httplib's pool (ServerOptions::http_threads; a streaming
-// response holds one thread for its duration) runs the handlers; one engine
-// thread (engine_loop.h) owns the Engine. Handlers parse and validate, tokenize
-// (the Tokenizer is immutable and thread-safe), submit through the loop's queue
-// and wait on their request's output channel.
+// Threads: `http_threads` I/O threads serve every connection (asynchronous
+// sockets; no thread per connection or per request), `http_threads` handler
+// threads parse and validate, tokenize (the Tokenizer is immutable and
+// thread-safe) and submit to the one engine thread (engine_loop.h) without
+// waiting; each engine output wakes a handler thread (OutputChannel::SetNotify)
+// that turns it into the response or the next SSE events. Nothing blocks on a
+// request's progress, so slow or stalled clients cost sockets, not threads.
 //
-// Disconnects: a streaming handler polls its channel every 50 ms; when the
-// client is gone (the socket reports EOF, or a write fails) it aborts its
-// requests through the queue and the engine frees their KV blocks at once.
-// A non-streaming request runs to completion (cpp-httplib 0.11 gives a plain
-// handler no way to see the socket).
+// Disconnects: the transport watches every connection while its request is in
+// flight; when the client goes away (EOF, reset, failed or timed-out write),
+// the request's whole group is aborted through the loop's queue
+// (EngineLoop::AbortChannel), streaming or not, and the engine frees its KV
+// blocks before its next step.
+//
+// Shutdown (Stop(), SIGINT/SIGTERM): open streams get a shutting_down error
+// event and [DONE], plain requests in flight a 503, then connections close
+// (at most ~2 s for the last writes).
 //
 // Auth: with an API key, every /v1/* request needs "Authorization: Bearer
 // KEY", else 401 {"error": {..., "type": "invalid_request_error", "code":
@@ -32,9 +40,12 @@
 // stay open (vLLM guards /v1 only).
 //
 // Errors: every failure is an OpenAI error body (openai_api.h): 400 bad
-// request, 401, 404 unknown model / unknown route, 413 body over
-// max_request_bytes, 500 engine-side failure of that request, 503 while
-// loading or shutting down. One bad request never affects another.
+// request (also: unknown model, code model_not_found; body over
+// max_request_bytes, Content-Length or chunked, code request_too_large), 401,
+// 404 unknown route, 405 known route with another method (Allow), 431 header
+// over 64 KiB, 500 engine-side failure of that request, 503 while loading or
+// shutting down, or beyond max_connections (code too_many_connections). One bad
+// request never affects another.
 #pragma once
 
 #include <cstddef>
@@ -45,6 +56,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/engine_loop.h"
+#include "server/http_transport.h"
 
 namespace deepinfer::server {
 
@@ -53,8 +65,13 @@ struct ServerOptions {
   int port = 8000;                              // 0 = any free port (Bind() returns it)
   std::string api_key;                          // empty = no auth
   std::vector<std::string> served_model_names;  // required; [0] is reported
-  size_t max_request_bytes = 32u << 20;         // larger bodies get 413
-  int http_threads = 64;
+  size_t max_request_bytes = 32u << 20;         // larger bodies get 400 request_too_large
+  int http_threads = 2;                         // I/O threads, and as many handler threads
+  int max_connections = 4096;                   // beyond: 503 too_many_connections (clamped to the fd limit)
+  double timeout_keep_alive_s = 5;              // no request in progress (new or kept-alive connection)
+  double timeout_header_s = 10;                 // first byte of a request → end of its header
+  double timeout_body_s = 30;                   // end of the header → end of the body
+  double timeout_write_s = 30;                  // a response write that makes no progress
   nlohmann::json default_sampling = nlohmann::json::object();  // the serve command's sampling flags
   bool default_thinking = false;                // chat in thinking mode unless the request says otherwise
 };
@@ -79,6 +96,7 @@ class HttpServer {
   void Stop();
 
   EngineLoop& loop();  // valid after Bind()
+  HttpTransportCounters http_counters() const;  // connections, timeouts, disconnects (http_transport.h)
 
   struct Impl;
 

@@ -291,6 +291,16 @@ ParsedRequest ParseCompletionRequest(const json& body, const nlohmann::ordered_j
   ParseConstraint(ordered_body, /*chat=*/false, /*thinking=*/false, &r);
   RejectIfSet(body, "suffix", "insertion (fill-in-the-middle) is not implemented");
   r.echo = GetBool(body, "echo", false);
+  // Scoring (echo with max_tokens 0): the engine needs one token to run the
+  // prompt; it is not returned.
+  json sampling_fields = body;
+  if (const json* mt = Field(body, "max_tokens"); mt && mt->is_number_integer() && mt->get<int64_t>() == 0) {
+    if (!r.echo) BadRequest("max_tokens must be at least 1 (0 is allowed with echo = true, to score the prompt)",
+                            "max_tokens");
+    if (GetInt(body, "min_tokens", 0) > 0) BadRequest("min_tokens must be 0 when max_tokens is 0", "min_tokens");
+    r.echo_only = true;
+    sampling_fields["max_tokens"] = 1;
+  }
   // prompt: string | [string] | [int] | [[int]]
   const json* p = Field(body, "prompt");
   if (!p) BadRequest("prompt is required", "prompt");
@@ -344,11 +354,22 @@ ParsedRequest ParseCompletionRequest(const json& body, const nlohmann::ordered_j
       if (r.prompt_texts[i].empty() && info.tokenizer) r.prompt_texts[i] = info.tokenizer->Decode(r.prompts[i]);
   }
   SamplingParams defaults = SamplingParams::FromJson(info.default_sampling);
-  r.params = ParseSampling(body, info, defaults, "logprobs");
+  r.params = ParseSampling(sampling_fields, info, defaults, "logprobs");
   r.want_logprobs = r.params.logprobs.has_value();
-  if (r.echo && r.want_logprobs)
-    BadRequest("echo with logprobs is not supported (ask for prompt_logprobs to get the prompt's logprobs)", "echo");
   CheckPromptLogprobs(&r);
+  r.prompt_logprobs_top = r.params.prompt_logprobs;
+  if (r.echo && r.want_logprobs) {
+    if (r.stream)
+      BadRequest("echo with logprobs is not available when stream is true (the prompt's logprobs come whole); send "
+                 "the request with stream false",
+                 "echo");
+    // The prompt's logprobs come from the prompt_logprobs machinery, once:
+    // enough top ids for both echo's logprobs and an explicit prompt_logprobs.
+    r.echo_logprobs = true;
+    const int64_t want = *r.params.logprobs;
+    const auto& pl = r.params.prompt_logprobs;
+    r.params.prompt_logprobs = (pl && (*pl < 0 || want < 0)) ? -1 : std::max<int64_t>(want, pl.value_or(0));
+  }
   CheckContext(r, info, "prompt");
   return r;
 }
@@ -567,6 +588,13 @@ double Logprob(float v) {
   return static_cast<double>(v);
 }
 
+// Characters (code points) of UTF-8 text: OpenAI's and vLLM's text_offset unit.
+int64_t Utf8Chars(std::string_view s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 std::string TokenText(const Tokenizer* tok, int32_t id) {
   if (!tok) return fmt::format("token_id:{}", id);
   try {
@@ -599,12 +627,47 @@ json ResponseBuilder::CompletionLogprobs(int64_t* text_offset, const std::vector
     if (!d.contains(t)) d[t] = Logprob(e.chosen.logprob);
     top.push_back(d);
     offsets.push_back(*text_offset);
-    *text_offset += static_cast<int64_t>(t.size());
+    *text_offset += Utf8Chars(t);
   }
   return json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
 }
 
-json ResponseBuilder::PromptLogprobsJson(const std::vector<std::optional<LogprobsEntry>>& entries) const {
+json ResponseBuilder::EchoLogprobs(const std::vector<int32_t>& prompt, const std::vector<std::optional<LogprobsEntry>>& pl,
+                                   const std::vector<LogprobsEntry>& generated) const {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+  const int64_t n = req_.params.logprobs.value_or(0);
+  int64_t offset = 0;
+  for (size_t p = 0; p < prompt.size(); ++p) {
+    const std::string t = TokenText(info_.tokenizer, prompt[p]);
+    tokens.push_back(t);
+    offsets.push_back(offset);
+    offset += Utf8Chars(t);
+    if (p >= pl.size() || !pl[p]) {  // the first token has no context
+      token_logprobs.push_back(nullptr);
+      top.push_back(nullptr);
+      continue;
+    }
+    const LogprobsEntry& e = *pl[p];
+    token_logprobs.push_back(Logprob(e.chosen.logprob));
+    json d = json::object();
+    for (size_t k = 0; k < e.top.size() && (n < 0 || static_cast<int64_t>(k) < n); ++k)
+      d[TokenText(info_.tokenizer, e.top[k].token_id)] = Logprob(e.top[k].logprob);
+    if (!d.contains(t)) d[t] = Logprob(e.chosen.logprob);
+    top.push_back(d);
+  }
+  json gen = CompletionLogprobs(&offset, generated);
+  auto append = [](json& to, json& from) {
+    for (json& x : from) to.push_back(std::move(x));
+  };
+  append(tokens, gen["tokens"]);
+  append(token_logprobs, gen["token_logprobs"]);
+  append(top, gen["top_logprobs"]);
+  append(offsets, gen["text_offset"]);
+  return json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
+}
+
+json ResponseBuilder::PromptLogprobsJson(const std::vector<std::optional<LogprobsEntry>>& entries,
+                                         std::optional<int64_t> top) const {
   // vLLM: [null, {"<token id>": {"logprob", "rank", "decoded_token"}, ...}, ...]; each dict holds the
   // top-N ids and the prompt token itself.
   json arr = json::array();
@@ -619,7 +682,7 @@ json ResponseBuilder::PromptLogprobsJson(const std::vector<std::optional<Logprob
           {"logprob", Logprob(x.logprob)}, {"rank", x.rank}, {"decoded_token", TokenText(info_.tokenizer, x.token_id)}};
     };
     put(e->chosen);
-    for (const TokenLogprob& x : e->top) put(x);
+    for (size_t k = 0; k < e->top.size() && (!top || *top < 0 || static_cast<int64_t>(k) < *top); ++k) put(e->top[k]);
     arr.push_back(d);
   }
   return arr;
@@ -647,6 +710,12 @@ json ResponseBuilder::ChatLogprobs(const std::vector<LogprobsEntry>& entries) co
 
 ResponseBuilder::ChoiceDelta ResponseBuilder::Apply(Choice& c, ChoiceOutput& o) {
   RequestOutput& out = o.out;
+  if (req_.echo_only) {  // scoring: the one token the engine ran is not part of the answer
+    out.new_text.clear();
+    out.new_token_ids.clear();
+    out.new_logprobs.clear();
+    out.stop_reason.reset();
+  }
   ChoiceDelta d;
   auto take = [&](structured::OutputParser::Delta p) {
     d.reasoning += p.reasoning;
@@ -665,7 +734,8 @@ ResponseBuilder::ChoiceDelta ResponseBuilder::Apply(Choice& c, ChoiceOutput& o) 
   take(c.parser.Push(out.new_text));
   c.token_ids.insert(c.token_ids.end(), out.new_token_ids.begin(), out.new_token_ids.end());
   if (req_.want_logprobs) c.logprobs.insert(c.logprobs.end(), out.new_logprobs.begin(), out.new_logprobs.end());
-  if (req_.want_prompt_logprobs && !out.prompt_logprobs.empty()) c.prompt_logprobs = std::move(out.prompt_logprobs);
+  if ((req_.want_prompt_logprobs || req_.echo_logprobs) && !out.prompt_logprobs.empty())
+    c.prompt_logprobs = std::move(out.prompt_logprobs);
   if (out.finished && !c.finished) {
     c.cached_tokens = out.num_cached_tokens;
     take(c.parser.Flush());
@@ -758,7 +828,7 @@ std::string ResponseBuilder::OnStreamOutput(ChoiceOutput&& o) {
     if (first && req_.echo) {
       const std::string& p = req_.prompt_texts.at(static_cast<size_t>(o.index / req_.n));
       text = p + text;
-      c.text_offset += static_cast<int64_t>(p.size());
+      c.text_offset += Utf8Chars(p);
     }
     any |= !text.empty();
     choice["text"] = text;
@@ -809,14 +879,17 @@ json ResponseBuilder::Final() const {
     } else {
       std::string text = c.content;
       int64_t offset = 0;
+      const size_t prompt = i / static_cast<size_t>(req_.n);
       if (req_.echo) {
-        const std::string& p = req_.prompt_texts.at(i / static_cast<size_t>(req_.n));
+        const std::string& p = req_.prompt_texts.at(prompt);
         text = p + text;
-        offset = static_cast<int64_t>(p.size());
+        offset = Utf8Chars(p);
       }
       ch["text"] = text;
-      ch["logprobs"] = req_.want_logprobs ? CompletionLogprobs(&offset, c.logprobs) : json(nullptr);
-      if (req_.want_prompt_logprobs) ch["prompt_logprobs"] = PromptLogprobsJson(PromptLogprobsOf(i));
+      if (req_.echo_logprobs) ch["logprobs"] = EchoLogprobs(req_.prompts.at(prompt), PromptLogprobsOf(i), c.logprobs);
+      else ch["logprobs"] = req_.want_logprobs ? CompletionLogprobs(&offset, c.logprobs) : json(nullptr);
+      if (req_.want_prompt_logprobs)
+        ch["prompt_logprobs"] = PromptLogprobsJson(PromptLogprobsOf(i), req_.prompt_logprobs_top);
     }
     ch["finish_reason"] = c.finished ? json(c.finish_reason) : json(nullptr);
     ch["stop_reason"] = c.stop_reason;
@@ -830,7 +903,7 @@ json ResponseBuilder::Final() const {
               {"usage", Usage()}};
   // Chat (vLLM): one prompt, so prompt_logprobs sits at the top level of the response.
   if (req_.endpoint == Endpoint::kChat && req_.want_prompt_logprobs && !choices_.empty())
-    res["prompt_logprobs"] = PromptLogprobsJson(PromptLogprobsOf(0));
+    res["prompt_logprobs"] = PromptLogprobsJson(PromptLogprobsOf(0), req_.prompt_logprobs_top);
   return res;
 }
 

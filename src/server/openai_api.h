@@ -1,6 +1,6 @@
 // deepinfer/server/openai_api.h — the OpenAI API schema: request parsing and
 // validation, and the response / SSE chunk formats. No HTTP here (http_server.h
-// carries these over cpp-httplib), so everything is unit-testable.
+// carries these over the transport of http_transport.h), so everything is unit-testable.
 //
 // Requests. POST /v1/completions and POST /v1/chat/completions with OpenAI's
 // field names plus vLLM's sampler extensions (top_k, min_p,
@@ -10,7 +10,22 @@
 //     max_tokens (default 16), stream, stream_options {include_usage,
 //     continuous_usage_stats}, logprobs (int: top-N per token), echo, stop,
 //     seed, user, prompt_logprobs (vLLM extension, below), and the sampler
-//     fields (sampling_params.h).
+//     fields (sampling_params.h). Special-token text inside a prompt string
+//     is parsed as those tokens (as vLLM, which tokenizes the prompt with
+//     add_special_tokens and no split_special_tokens); send token ids to
+//     control the ids exactly.
+//   Prompt scoring (OpenAI's legacy API, vLLM; what lm-evaluation-harness
+//     sends): echo = true with logprobs = N returns the prompt's tokens first
+//     in choices[i].logprobs — tokens, token_logprobs (null for the first
+//     token), top_logprobs (null for the first, else the top N and the token
+//     itself), text_offset — then the generated ones. The prompt's values are
+//     the prompt_logprobs machinery's (the raw log_softmax of the previous
+//     position's logits; identical bits to prompt_logprobs), computed once per
+//     prompt. max_tokens = 0 is allowed with echo only: nothing is generated
+//     (the engine runs one token that is not returned; completion_tokens 0,
+//     finish_reason "length"). Not with stream = true (400 naming echo).
+//   text_offset counts characters (Unicode code points of the decoded text,
+//     as OpenAI and vLLM), not bytes.
 //   chat: model, messages (rendered with the DeepSeek V4/V4.1 chat format,
 //     chat_format.h), n, max_completion_tokens / max_tokens (default: up to
 //     the context), stream, stream_options, logprobs (bool) + top_logprobs,
@@ -37,7 +52,7 @@
 // Unknown fields are ignored (vLLM's behaviour). Fields this engine cannot
 // honour are rejected with 400 rather than ignored: suffix, best_of != n,
 // functions (send tools), skip_special_tokens = false,
-// continue_final_message = true, echo with logprobs.
+// continue_final_message = true, echo with logprobs and stream.
 //
 // n > 1: one engine request per choice; with a seed, choice j of a prompt uses
 // seed + j (vLLM's parallel sampling). Several prompts: choice index =
@@ -134,6 +149,10 @@ struct ParsedRequest {
   bool include_usage = false;
   bool continuous_usage_stats = false;
   bool echo = false;
+  bool echo_only = false;       // echo with max_tokens 0: the engine's one token is not returned
+  bool echo_logprobs = false;   // echo + logprobs: the prompt's logprobs lead choices[i].logprobs
+  std::optional<int64_t> prompt_logprobs_top;  // the prompt_logprobs N the client asked for (may be
+                                               // below params.prompt_logprobs when echo needs more)
   bool thinking = false;        // chat: split reasoning_content
   bool want_logprobs = false;   // params.logprobs is set
   bool want_prompt_logprobs = false;  // params.prompt_logprobs is set
@@ -231,8 +250,13 @@ class ResponseBuilder {
   };
   ChoiceDelta Apply(Choice& c, ChoiceOutput& o);
   nlohmann::json CompletionLogprobs(int64_t* text_offset, const std::vector<LogprobsEntry>& entries) const;
+  // Echo + logprobs: the prompt's entries (the first null), then the generated ones.
+  nlohmann::json EchoLogprobs(const std::vector<int32_t>& prompt, const std::vector<std::optional<LogprobsEntry>>& pl,
+                              const std::vector<LogprobsEntry>& generated) const;
   nlohmann::json ChatLogprobs(const std::vector<LogprobsEntry>& entries) const;
-  nlohmann::json PromptLogprobsJson(const std::vector<std::optional<LogprobsEntry>>& entries) const;
+  // `top`: at most this many of each entry's top ids (all when unset or -1).
+  nlohmann::json PromptLogprobsJson(const std::vector<std::optional<LogprobsEntry>>& entries,
+                                    std::optional<int64_t> top = std::nullopt) const;
   // The prompt_logprobs of choice `choice`'s prompt (computed by its first choice).
   const std::vector<std::optional<LogprobsEntry>>& PromptLogprobsOf(size_t choice) const;
 

@@ -45,6 +45,59 @@ constexpr std::string_view kReasoningEffortMaxV4 =
     "Explicitly write out your entire deliberation process, documenting every intermediate step, considered "
     "alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n";
 
+// The prompt being rendered, and the byte ranges of it that came from the
+// request (message content, reasoning, tool results, tool-call names and
+// arguments, tool schemas, response formats). EncodeChat tokenizes those
+// ranges without added-token matching, so request text never becomes a role
+// marker or any other special token; the template's own markers stay tokens.
+class Prompt {
+ public:
+  explicit Prompt(bool v41) : v41_(v41) {}
+  // The template's own text (markers included).
+  Prompt& operator+=(std::string_view t) {
+    text_ += t;
+    return *this;
+  }
+  // Text from the request.
+  void Plain(std::string_view t) {
+    if (t.empty()) return;
+    const size_t b = text_.size();
+    text_ += t;
+    if (!plain_.empty() && plain_.back().second == b) plain_.back().second = text_.size();
+    else plain_.emplace_back(b, text_.size());
+  }
+  // Message content: as Plain(), except that in V4.1 an image placeholder is
+  // the marker — there it can only come from an image block (ProcessImages
+  // refuses the placeholder typed into text).
+  void Content(std::string_view t) {
+    while (v41_) {
+      const size_t cut = t.find(kImage);
+      if (cut == std::string_view::npos) break;
+      Plain(t.substr(0, cut));
+      text_ += kImage;
+      t = t.substr(cut + kImage.size());
+    }
+    Plain(t);
+  }
+  void Append(const Prompt& p) {
+    const size_t base = text_.size();
+    text_ += p.text_;
+    for (const auto& [b, e] : p.plain_) {
+      if (!plain_.empty() && plain_.back().second == b + base) plain_.back().second = e + base;
+      else plain_.emplace_back(b + base, e + base);
+    }
+  }
+  bool v41() const { return v41_; }
+  const std::string& text() const { return text_; }
+  std::string& text() { return text_; }
+  const std::vector<std::pair<size_t, size_t>>& plain() const { return plain_; }
+
+ private:
+  bool v41_;
+  std::string text_;
+  std::vector<std::pair<size_t, size_t>> plain_;
+};
+
 struct Dialect {
   bool v41;
   std::string_view block;   // DSML tool-calls block name
@@ -54,9 +107,9 @@ struct Dialect {
 const Dialect kV4{false, "tool_calls", "invoke", "parameter"};
 const Dialect kV41{true, " calls", " invoke", " parameter"};
 
-std::string ToolsBlock(const Dialect& d, const std::string& schemas) {
+void ToolsBlock(const Dialect& d, const std::string& schemas, Prompt& out) {
   const std::string b(d.block), i(d.invoke), p(d.param), t(kDsml);
-  return "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke tools by "
+  out += "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke tools by "
          "writing a \"<" + t + b + ">\" block like the following:\n\n"
          "<" + t + b + ">\n"
          "<" + t + i + " name=\"$TOOL_NAME\">\n"
@@ -72,7 +125,9 @@ std::string ToolsBlock(const Dialect& d, const std::string& schemas) {
          "If thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside "
          "<think>...</think> BEFORE any tool calls or final response.\n\n"
          "Otherwise, output directly after </think> with tool calls or final response.\n\n"
-         "### Available Tool Schemas\n\n" + schemas + "\n\n"
+         "### Available Tool Schemas\n\n";
+  out.Plain(schemas);
+  out += "\n\n"
          "You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n";
 }
 
@@ -384,7 +439,7 @@ Json DropThinking(const Json& messages, bool v41) {
 }
 
 // Tool-call arguments → DSML parameter lines.
-std::string ArgumentsToDsml(const Dialect& d, const Json& arguments, size_t index) {
+void ArgumentsToDsml(const Dialect& d, const Json& arguments, size_t index, Prompt& out) {
   Json args;
   if (d.v41) {
     args = arguments;
@@ -410,21 +465,20 @@ std::string ArgumentsToDsml(const Dialect& d, const Json& arguments, size_t inde
     if (!ok) args = Json{{"arguments", arguments}};
     if (!args.is_object()) Bad(index, "tool call arguments must be a JSON object");
   }
-  std::string out;
   bool first = true;
   for (auto it = args.begin(); it != args.end(); ++it) {
     if (!first) out += "\n";
     first = false;
     const bool is_str = it.value().is_string();
-    out += fmt::format("<{}{} name=\"{}\" string=\"{}\">{}</{}{}>", kDsml, d.param, it.key(),
-                       is_str ? "true" : "false", is_str ? it.value().get<std::string>() : PyJsonDumps(it.value()),
-                       kDsml, d.param);
+    out += fmt::format("<{}{} name=\"", kDsml, d.param);
+    out.Plain(it.key());
+    out += fmt::format("\" string=\"{}\">", is_str ? "true" : "false");
+    out.Plain(is_str ? it.value().get<std::string>() : PyJsonDumps(it.value()));
+    out += fmt::format("</{}{}>", kDsml, d.param);
   }
-  return out;
 }
 
-std::string RenderUserBlocks(const Json& blocks, size_t index) {
-  std::string out;
+void RenderUserBlocks(const Json& blocks, size_t index, Prompt& out) {
   bool first = true;
   for (const Json& b : blocks) {
     if (!first) out += "\n\n";
@@ -435,7 +489,7 @@ std::string RenderUserBlocks(const Json& blocks, size_t index) {
       const Json* t = Get(b, "text");
       if (!t && b.contains("text")) Bad(index, "text block \"text\" is null");
       if (t && !t->is_string()) Bad(index, "text block \"text\" must be a string");
-      out += t ? t->get<std::string>() : "";
+      out.Content(t ? t->get<std::string>() : "");
     } else if (type == "tool_result") {
       std::string content;
       const Json* c = b.contains("content") ? &b["content"] : nullptr;
@@ -446,7 +500,7 @@ std::string RenderUserBlocks(const Json& blocks, size_t index) {
           f2 = false;
           const std::string t2 = x.is_object() ? x.value("type", "") : "";
           if (t2 == "text") content += x.value("text", "");
-          else content += fmt::format("[Unsupported {}]", x.is_object() && x.contains("type") ? t2 : "None");
+          else content += fmt::format("[Unsupported {}]", x.is_object() && x.contains("type") ? t2 : "None");  // all request text
         }
       } else if (!c) {
         content = "";
@@ -457,16 +511,19 @@ std::string RenderUserBlocks(const Json& blocks, size_t index) {
       } else {
         Bad(index, "tool result content must be a string or a list of blocks");
       }
-      out += "<tool_result>" + content + "</tool_result>";
+      out += "<tool_result>";
+      out.Content(content);
+      out += "</tool_result>";
     } else {
-      out += fmt::format("[Unsupported {}]", b.contains("type") && b["type"].is_string() ? type : "None");
+      out += "[Unsupported ";
+      out.Plain(b.contains("type") && b["type"].is_string() ? type : "None");
+      out += "]";
     }
   }
-  return out;
 }
 
-std::string RenderMessage(size_t index, const Json& msgs, const ChatOptions& o, const Dialect& d, bool drop,
-                          const std::string& effort_prefix) {
+Prompt RenderMessage(size_t index, const Json& msgs, const ChatOptions& o, const Dialect& d, bool drop,
+                     const std::string& effort_prefix) {
   const Json& msg = msgs[index];
   const int last_user = LastUserIndex(msgs, d.v41);
   const std::string role = Role(msg);
@@ -476,7 +533,7 @@ std::string RenderMessage(size_t index, const Json& msgs, const ChatOptions& o, 
   const Json* tool_calls = Get(msg, "tool_calls");
   const bool wo_eos = Truthy(Get(msg, "wo_eos"));
 
-  std::string prompt;
+  Prompt prompt(d.v41);
   if (d.v41) {
     const std::string eff = index == 0 && o.thinking ? effort_prefix : "";
     if (index == 0 && (!eff.empty() || role == "system")) prompt += kSystem;
@@ -485,7 +542,7 @@ std::string RenderMessage(size_t index, const Json& msgs, const ChatOptions& o, 
     prompt += effort_prefix;
   }
 
-  auto tools_text = [&]() {
+  auto tools_text = [&] {
     std::string schemas;
     bool first = true;
     for (const Json& t : *tools) {
@@ -496,39 +553,45 @@ std::string RenderMessage(size_t index, const Json& msgs, const ChatOptions& o, 
       first = false;
       schemas += PyJsonDumps(t["function"]);
     }
-    return ToolsBlock(d, schemas);
+    ToolsBlock(d, schemas, prompt);
   };
-  auto extras = [&](std::string& p) {
+  auto extras = [&] {
     if (Truthy(tools)) {
       if (!tools->is_array()) Bad(index, "\"tools\" must be a list");
-      p += "\n\n" + tools_text();
+      prompt += "\n\n";
+      tools_text();
     }
-    if (Truthy(response_format)) p += "\n\n" + std::string(kResponseFormat) + PyJsonDumps(*response_format);
+    if (Truthy(response_format)) {
+      prompt += "\n\n";
+      prompt += kResponseFormat;
+      prompt.Plain(PyJsonDumps(*response_format));
+    }
   };
 
   if (role == "system") {
     if (d.v41 && index > 0) prompt += kSystem;
-    prompt += StrOr(content, index, "content");
-    extras(prompt);
+    prompt.Content(StrOr(content, index, "content"));
+    extras();
   } else if (role == "developer" && !d.v41) {
     if (!Truthy(content)) Bad(index, "a developer message needs content");
-    std::string dev = std::string(kUser) + StrOr(content, index, "content");
-    extras(dev);
-    prompt += dev;
+    prompt += kUser;
+    prompt.Content(StrOr(content, index, "content"));
+    extras();
   } else if (role == "user") {
     prompt += kUser;
     if (Truthy(Get(msg, "content_blocks"))) {
-      prompt += RenderUserBlocks(msg["content_blocks"], index);
+      RenderUserBlocks(msg["content_blocks"], index, prompt);
     } else {
-      prompt += StrOr(content, index, "content");
+      prompt.Content(StrOr(content, index, "content"));
     }
   } else if (role == "latest_reminder") {
-    prompt += std::string(kLatestReminder) + FormatStr(content, index, "content");
+    prompt += kLatestReminder;
+    prompt.Content(FormatStr(content, index, "content"));
   } else if (role == "assistant") {
-    std::string tc;
+    Prompt tc(d.v41);
     if (Truthy(tool_calls)) {
       if (!tool_calls->is_array()) Bad(index, "\"tool_calls\" must be a list");
-      std::string list;
+      Prompt list(d.v41);
       bool first = true;
       for (const Json& call : *tool_calls) {
         if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
@@ -540,18 +603,25 @@ std::string RenderMessage(size_t index, const Json& msgs, const ChatOptions& o, 
         const std::string name = f["name"].is_null() ? "None" : f["name"].is_string()
                                                                      ? f["name"].get<std::string>()
                                                                      : PyJsonDumps(f["name"]);
-        list += fmt::format("<{}{} name=\"{}\">\n{}\n</{}{}>", kDsml, d.invoke, name,
-                            ArgumentsToDsml(d, f["arguments"], index), kDsml, d.invoke);
+        list += fmt::format("<{}{} name=\"", kDsml, d.invoke);
+        list.Plain(name);
+        list += "\">\n";
+        ArgumentsToDsml(d, f["arguments"], index, list);
+        list += fmt::format("\n</{}{}>", kDsml, d.invoke);
       }
-      tc = fmt::format("\n\n<{}{}>\n{}\n</{}{}>", kDsml, d.block, list, kDsml, d.block);
+      tc += fmt::format("\n\n<{}{}>\n", kDsml, d.block);
+      tc.Append(list);
+      tc += fmt::format("\n</{}{}>", kDsml, d.block);
     }
     const std::string summary = StrOr(content, index, "content");
     const std::string rc = StrOr(Get(msg, "reasoning_content"), index, "reasoning_content");
     const bool prev_has_task = index >= 1 && Get(msgs[index - 1], "task") != nullptr;
-    std::string thinking;
-    if (o.thinking && !prev_has_task && (!drop || static_cast<int>(index) > last_user))
-      thinking = rc + std::string(kThinkEnd);
-    prompt += thinking + summary + tc;
+    if (o.thinking && !prev_has_task && (!drop || static_cast<int>(index) > last_user)) {
+      prompt.Content(rc);
+      prompt += kThinkEnd;
+    }
+    prompt.Content(summary);
+    prompt.Append(tc);
     if (!wo_eos) prompt += kEos;
   } else if (role == "tool") {
     Bad(index, "internal: tool message not merged");
@@ -573,7 +643,9 @@ std::string RenderMessage(size_t index, const Json& msgs, const ChatOptions& o, 
     if (task->get<std::string>() != "action") {
       prompt += tok;
     } else {
-      prompt += std::string(kAssistant) + std::string(o.thinking ? kThinkStart : kThinkEnd) + tok;
+      prompt += kAssistant;
+      prompt += o.thinking ? kThinkStart : kThinkEnd;
+      prompt += tok;
     }
   } else if (role == "user" || (!d.v41 && role == "developer") || (d.v41 && role == "system" && index > 0)) {
     if (is_last && !o.add_generation_prompt) return prompt;
@@ -626,7 +698,7 @@ ChatEncoding ChatEncodingForModelType(std::string_view model_type) {
        model_type);
 }
 
-std::string RenderChat(const Json& messages, const ChatOptions& o) {
+RenderedChat RenderChatPieces(const Json& messages, const ChatOptions& o) {
   if (!messages.is_array()) Fail(ErrorKind::kInvalidArgument, "chat messages must be a JSON array");
   const Dialect& d = o.encoding == ChatEncoding::kDeepseekV41 ? kV41 : kV4;
   const std::string effort = EffortPrefix(o);  // validates in every mode, as the reference asserts
@@ -651,13 +723,20 @@ std::string RenderChat(const Json& messages, const ChatOptions& o) {
   for (const Json& m : msgs)
     if (Truthy(Get(m, "tools"))) drop = false;
   if (o.thinking && drop) msgs = DropThinking(msgs, d.v41);
-  std::string prompt = o.add_bos ? std::string(kBos) : "";
-  for (size_t i = 0; i < msgs.size(); ++i) prompt += RenderMessage(i, msgs, o, d, drop, effort);
-  return prompt;
+  Prompt prompt(d.v41);
+  if (o.add_bos) prompt += kBos;
+  for (size_t i = 0; i < msgs.size(); ++i) prompt.Append(RenderMessage(i, msgs, o, d, drop, effort));
+  return RenderedChat{prompt.text(), prompt.plain()};
 }
 
+std::string RenderChat(const Json& messages, const ChatOptions& o) { return RenderChatPieces(messages, o).text; }
+
 std::vector<int32_t> EncodeChat(const Tokenizer& tokenizer, const Json& messages, const ChatOptions& options) {
-  return tokenizer.Encode(RenderChat(messages, options), /*add_special_tokens=*/false);
+  const RenderedChat r = RenderChatPieces(messages, options);
+  std::vector<int32_t> ids;
+  ids.reserve(r.text.size() / 3 + 4);
+  tokenizer.EncodeAppend(r.text, ids, r.plain_ranges);
+  return ids;
 }
 
 }  // namespace deepinfer

@@ -41,6 +41,15 @@
 // message. Exactly one BOS: the prompt starts with the BOS string and is then
 // tokenized WITHOUT adding special tokens (EncodeChat).
 //
+// Special tokens come only from the template: EncodeChat tokenizes the text
+// that came from the request (content, reasoning_content, tool results,
+// tool-call names and arguments, tool schemas, response_format) with no
+// added-token matching, so a message containing "<｜Assistant｜>" or
+// "<｜end▁of▁sentence｜>" gets those characters as ordinary BPE tokens and can
+// not forge a turn. (V4.1's image placeholder from an image block stays the
+// marker; typed into text it is refused.) RenderChat's string is the same
+// either way; only the ids of such text differ from tokenizing it whole.
+//
 // Messages are OpenAI-style JSON objects: role, content (string, or for V4.1 a
 // list of {"type": "text"|"image_url"|"image", ...} parts; images become
 // "<｜deepseek_image｜>"), reasoning_content, tool_calls
@@ -53,6 +62,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -81,7 +91,15 @@ struct ChatOptions {
 // placeholder typed into text, invalid reasoning effort, ...).
 std::string RenderChat(const nlohmann::ordered_json& messages, const ChatOptions& options);
 
-// RenderChat, then tokenizer.Encode(prompt, add_special_tokens=false).
+// The rendered prompt and the byte ranges of it that came from the request.
+struct RenderedChat {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> plain_ranges;  // [begin, end), sorted
+};
+RenderedChat RenderChatPieces(const nlohmann::ordered_json& messages, const ChatOptions& options);
+
+// RenderChatPieces, then tokenizer.EncodeAppend(text, ids, plain_ranges): the
+// template's markers are tokens, request text never is (no BOS/EOS added).
 std::vector<int32_t> EncodeChat(const Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
                                 const ChatOptions& options);
 

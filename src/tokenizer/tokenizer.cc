@@ -394,7 +394,13 @@ std::pair<int32_t, size_t> Tokenizer::Impl::MatchAdded(std::string_view text, si
 }
 
 void Tokenizer::EncodeAppend(std::string_view text, std::vector<int32_t>& out) const {
+  EncodeAppend(text, out, {});
+}
+
+void Tokenizer::EncodeAppend(std::string_view text, std::vector<int32_t>& out,
+                             std::span<const std::pair<size_t, size_t>> plain) const {
   const Impl& m = *impl_;
+  size_t r = 0;  // first plain range that ends after the current position
   if (const size_t bad = utf8::FirstInvalid(text); bad != std::string_view::npos)
     Fail(ErrorKind::kInvalidArgument, "text to encode is not valid UTF-8: invalid byte 0x{:02X} at byte offset {}",
          static_cast<uint8_t>(text[bad]), bad);
@@ -404,6 +410,8 @@ void Tokenizer::EncodeAppend(std::string_view text, std::vector<int32_t>& out) c
     if (!m.first_byte[static_cast<uint8_t>(text[i])]) { ++i; continue; }
     const auto [tok, len] = m.MatchAdded(text, i);
     if (tok < 0) { ++i; continue; }
+    while (r < plain.size() && plain[r].second <= i) ++r;
+    if (r < plain.size() && plain[r].first < i + len) { ++i; continue; }  // inside plain text: no added token
     const AddedToken& at = m.added[tok];
     size_t s = i, e = i + len;
     if (at.lstrip) {

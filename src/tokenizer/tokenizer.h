@@ -40,6 +40,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace deepinfer {
@@ -75,6 +76,15 @@ class Tokenizer {
   std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens = true) const;
   // Appends the ids of `text` (no special tokens added) to `out`.
   void EncodeAppend(std::string_view text, std::vector<int32_t>& out) const;
+  // The same, except that no added token (special or not) is matched where
+  // it would overlap one of the byte ranges `plain` ([begin, end) into
+  // `text`, sorted, not overlapping): text there only ever becomes BPE
+  // tokens, as with HF's split_special_tokens for every added token. The chat
+  // renderer passes the messages' content this way, so a user typing
+  // "<｜Assistant｜>" gets the characters, not the role marker. Ids are
+  // unchanged wherever no such match was refused.
+  void EncodeAppend(std::string_view text, std::vector<int32_t>& out,
+                    std::span<const std::pair<size_t, size_t>> plain) const;
 
   // Ids → text (lossy UTF-8 as HF). Throws Error(kOutOfRange) for an id
   // outside [0, size()) or an id with no token (a gap in the vocabulary).
