@@ -170,6 +170,9 @@ void HttpServer::Impl::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, E
   }
   HttpTransport* h = http.get();
   std::weak_ptr<InFlight> weak = st;
+  // Held until st->channel is set: the engine may answer (OnSubmitted, Drain on
+  // another thread) before SubmitAsync has returned here.
+  std::lock_guard<std::mutex> lock(st->mu);
   st->channel = loop->SubmitAsync(st->parsed.ToGenerateRequests(id), arrival,
                                   [this, h, st](std::vector<uint64_t>, std::exception_ptr err) {
                                     h->Post([this, st, err] { OnSubmitted(st, err); });

@@ -577,7 +577,7 @@ void Connection::Close(bool client_gone) {
   if (auto ex = exchange_.lock()) ex->MarkClosed();
   exchange_.reset();
   in_exchange_ = false;
-  wq_.clear();
+  if (!writing_) wq_.clear();  // (a write in flight still points into wq_.front())
   beast::error_code ignored;
   stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
   stream_.close();

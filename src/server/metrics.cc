@@ -109,17 +109,17 @@ std::string ServerMetrics::Render(const EngineStats& s, const std::string& model
     Header(name, help, "counter", &out);
     Sample(name, l, v, &out);
   };
-  gauge("deepinfer:num_requests_running", "Number of requests in the running batch.", s.num_running);
-  gauge("deepinfer:num_requests_waiting", "Number of requests waiting to be scheduled.", s.num_waiting);
-  gauge("deepinfer:kv_cache_blocks_used", "Paged KV-cache blocks owned by requests.",
+  gauge("deepinfer_num_requests_running", "Number of requests in the running batch.", s.num_running);
+  gauge("deepinfer_num_requests_waiting", "Number of requests waiting to be scheduled.", s.num_waiting);
+  gauge("deepinfer_kv_cache_blocks_used", "Paged KV-cache blocks owned by requests.",
         static_cast<double>(s.num_kv_blocks_used));
-  gauge("deepinfer:kv_cache_blocks_total", "Paged KV-cache blocks in the pool.", static_cast<double>(s.num_kv_blocks));
-  gauge("deepinfer:kv_cache_usage_perc", "KV-cache usage: used blocks / total blocks (1 = full).",
+  gauge("deepinfer_kv_cache_blocks", "Paged KV-cache blocks in the pool.", static_cast<double>(s.num_kv_blocks));
+  gauge("deepinfer_kv_cache_usage_perc", "KV-cache usage: used blocks / total blocks (1 = full).",
         s.num_kv_blocks > 0 ? static_cast<double>(s.num_kv_blocks_used) / static_cast<double>(s.num_kv_blocks) : 0.0);
-  counter("deepinfer:prompt_tokens_total", "Prompt tokens computed (recomputation after preemption included).",
+  counter("deepinfer_prompt_tokens_total", "Prompt tokens computed (recomputation after preemption included).",
           static_cast<double>(s.prompt_tokens_total));
-  counter("deepinfer:generation_tokens_total", "Tokens generated.", static_cast<double>(s.generation_tokens_total));
-  counter("deepinfer:num_preemptions_total", "Requests preempted (their cache is recomputed later).",
+  counter("deepinfer_generation_tokens_total", "Tokens generated.", static_cast<double>(s.generation_tokens_total));
+  counter("deepinfer_num_preemptions_total", "Requests preempted (their cache is recomputed later).",
           static_cast<double>(s.num_preemptions));
   counter("deepinfer:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache (vLLM prefix_cache_queries).",
           static_cast<double>(s.prefix_cache_queries));
@@ -128,16 +128,16 @@ std::string ServerMetrics::Render(const EngineStats& s, const std::string& model
   gauge("deepinfer:prefix_cache_blocks", "Published prefix-cache blocks (shared or evictable).",
         static_cast<double>(s.num_cached_blocks));
   std::lock_guard<std::mutex> lock(mu_);
-  Header("deepinfer:request_success_total", "Finished requests by finish reason.", "counter", &out);
+  Header("deepinfer_request_success_total", "Finished requests by finish reason.", "counter", &out);
   static const char* kReasons[4] = {"stop", "length", "abort", "error"};
   for (size_t i = 0; i < 4; ++i)
-    Sample("deepinfer:request_success_total", WithLabels(labels, std::string("finished_reason=\"") + kReasons[i] + "\""),
+    Sample("deepinfer_request_success_total", WithLabels(labels, std::string("finished_reason=\"") + kReasons[i] + "\""),
            static_cast<double>(finished_[i]), &out);
-  ttft_.Render("deepinfer:time_to_first_token_seconds", "Time from arrival to the first generated token, in seconds.",
+  ttft_.Render("deepinfer_time_to_first_token_seconds", "Time from arrival to the first generated token, in seconds.",
                labels, &out);
-  itl_.Render("deepinfer:inter_token_latency_seconds",
+  itl_.Render("deepinfer_inter_token_latency_seconds",
               "Time between consecutive token outputs of one request, in seconds.", labels, &out);
-  e2e_.Render("deepinfer:e2e_request_latency_seconds",
+  e2e_.Render("deepinfer_e2e_request_latency_seconds",
               "Time from arrival to finish of requests that stopped or hit their length, in seconds.", labels, &out);
   return out;
 }

@@ -2,22 +2,25 @@
 //
 // GET /metrics answers in the Prometheus text exposition format (version
 // 0.0.4, Content-Type "text/plain; version=0.0.4"). Every metric carries the
-// label model_name="<served model name>" (as vLLM does) and is prefixed
-// "deepinfer:" (vLLM's "vllm:" names otherwise):
+// label model_name="<served model name>" (as vLLM does). Names follow the
+// Prometheus rules (`promtool check metrics` passes with no warning): prefix
+// "deepinfer_" (vLLM writes "vllm:", but a colon is reserved for recording
+// rules), counters end in _total and nothing else does, units in the name.
 //
-//   deepinfer:num_requests_running            gauge    requests in the running batch
-//   deepinfer:num_requests_waiting            gauge    requests queued in the engine
-//   deepinfer:kv_cache_blocks_used            gauge    paged KV blocks owned by requests now
-//   deepinfer:kv_cache_blocks_total           gauge    paged KV blocks in the pool
-//   deepinfer:kv_cache_usage_perc             gauge    used / total, in [0, 1]
-//   deepinfer:prompt_tokens_total             counter  prompt tokens computed (recomputation included)
-//   deepinfer:generation_tokens_total         counter  tokens generated
-//   deepinfer:num_preemptions_total           counter  requests preempted (recompute)
-//   deepinfer:request_success_total{finished_reason="stop"|"length"|"abort"|"error"}
-//                                             counter  finished requests by finish reason
-//   deepinfer:time_to_first_token_seconds     histogram arrival → first generated token
-//   deepinfer:inter_token_latency_seconds     histogram between consecutive token outputs of a request
-//   deepinfer:e2e_request_latency_seconds     histogram arrival → finish (stop/length only)
+//   name                                   type      what                                  vLLM counterpart
+//   deepinfer_num_requests_running         gauge     requests in the running batch          vllm:num_requests_running
+//   deepinfer_num_requests_waiting         gauge     requests queued in the engine          vllm:num_requests_waiting
+//   deepinfer_kv_cache_blocks_used         gauge     paged KV blocks owned by requests now  (none; vllm:kv_cache_usage_perc × blocks)
+//   deepinfer_kv_cache_blocks              gauge     paged KV blocks in the pool            vllm:cache_config_info num_gpu_blocks
+//   deepinfer_kv_cache_usage_perc          gauge     used / total, in [0, 1]                vllm:kv_cache_usage_perc
+//   deepinfer_prompt_tokens_total          counter   prompt tokens computed (recomputation) vllm:prompt_tokens_total
+//   deepinfer_generation_tokens_total      counter   tokens generated                       vllm:generation_tokens_total
+//   deepinfer_num_preemptions_total        counter   requests preempted (recompute)         vllm:num_preemptions_total
+//   deepinfer_request_success_total{finished_reason="stop"|"length"|"abort"|"error"}
+//                                          counter   finished requests by finish reason     vllm:request_success_total
+//   deepinfer_time_to_first_token_seconds  histogram arrival → first generated token        vllm:time_to_first_token_seconds
+//   deepinfer_inter_token_latency_seconds  histogram between consecutive token outputs      vllm:inter_token_latency_seconds
+//   deepinfer_e2e_request_latency_seconds  histogram arrival → finish (stop/length only)    vllm:e2e_request_latency_seconds
 //
 // Histogram buckets are vLLM's. Thread-safe: the engine thread observes, HTTP
 // threads render.

@@ -1,5 +1,6 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <set>
@@ -309,11 +310,13 @@ ParsedRequest ParseCompletionRequest(const json& body, const nlohmann::ordered_j
     if (s.empty()) BadRequest("prompt must not be empty", "prompt");
     r.prompt_texts.push_back(s);
     r.prompts.push_back(EncodeText(s, info, "prompt"));
+    r.prompt_is_text.push_back(true);
   } else if (p->is_array()) {
     if (p->empty()) BadRequest("prompt must not be empty", "prompt");
     if ((*p)[0].is_number()) {
       r.prompts.push_back(TokenIds(*p, info, "prompt"));
       r.prompt_texts.emplace_back();
+      r.prompt_is_text.push_back(false);
     } else {
       for (size_t i = 0; i < p->size(); ++i) {
         const json& e = (*p)[i];
@@ -326,6 +329,7 @@ ParsedRequest ParseCompletionRequest(const json& body, const nlohmann::ordered_j
           if (s.empty()) BadRequest(fmt::format("{} must not be empty", name), "prompt");
           r.prompt_texts.push_back(s);
           r.prompts.push_back(EncodeText(s, info, "prompt"));
+          r.prompt_is_text.push_back(true);
         } else if (e.is_array()) {
           if (e.empty()) BadRequest(fmt::format("{} must not be empty", name), "prompt");
           if (!(*p)[0].is_array())
@@ -333,6 +337,7 @@ ParsedRequest ParseCompletionRequest(const json& body, const nlohmann::ordered_j
                        "prompt");
           r.prompts.push_back(TokenIds(e, info, name));
           r.prompt_texts.emplace_back();
+          r.prompt_is_text.push_back(false);
         } else {
           BadRequest(fmt::format("{}: expected a string or a list of token ids, found {}", name, e.type_name()),
                      "prompt");
@@ -632,16 +637,24 @@ json ResponseBuilder::CompletionLogprobs(int64_t* text_offset, const std::vector
   return json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
 }
 
-json ResponseBuilder::EchoLogprobs(const std::vector<int32_t>& prompt, const std::vector<std::optional<LogprobsEntry>>& pl,
+json ResponseBuilder::EchoLogprobs(const std::vector<int32_t>& prompt, bool text_prompt,
+                                   const std::vector<std::optional<LogprobsEntry>>& pl,
                                    const std::vector<LogprobsEntry>& generated) const {
   json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
   const int64_t n = req_.params.logprobs.value_or(0);
+  // text_offset indexes the echoed text: the special tokens the tokenizer put
+  // before a text prompt (BOS) are not in that text and take no characters.
+  size_t skip = 0;
+  if (info_.tokenizer && text_prompt) {
+    const std::vector<int32_t>& pre = info_.tokenizer->prefix_special_ids();
+    if (!pre.empty() && prompt.size() >= pre.size() && std::equal(pre.begin(), pre.end(), prompt.begin())) skip = pre.size();
+  }
   int64_t offset = 0;
   for (size_t p = 0; p < prompt.size(); ++p) {
     const std::string t = TokenText(info_.tokenizer, prompt[p]);
     tokens.push_back(t);
     offsets.push_back(offset);
-    offset += Utf8Chars(t);
+    if (p >= skip) offset += Utf8Chars(t);
     if (p >= pl.size() || !pl[p]) {  // the first token has no context
       token_logprobs.push_back(nullptr);
       top.push_back(nullptr);
@@ -886,7 +899,8 @@ json ResponseBuilder::Final() const {
         offset = Utf8Chars(p);
       }
       ch["text"] = text;
-      if (req_.echo_logprobs) ch["logprobs"] = EchoLogprobs(req_.prompts.at(prompt), PromptLogprobsOf(i), c.logprobs);
+      if (req_.echo_logprobs) ch["logprobs"] = EchoLogprobs(req_.prompts.at(prompt), req_.prompt_is_text.at(prompt),
+                                                        PromptLogprobsOf(i), c.logprobs);
       else ch["logprobs"] = req_.want_logprobs ? CompletionLogprobs(&offset, c.logprobs) : json(nullptr);
       if (req_.want_prompt_logprobs)
         ch["prompt_logprobs"] = PromptLogprobsJson(PromptLogprobsOf(i), req_.prompt_logprobs_top);

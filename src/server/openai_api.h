@@ -25,7 +25,9 @@
 //     (the engine runs one token that is not returned; completion_tokens 0,
 //     finish_reason "length"). Not with stream = true (400 naming echo).
 //   text_offset counts characters (Unicode code points of the decoded text,
-//     as OpenAI and vLLM), not bytes.
+//     as OpenAI and vLLM), not bytes, and indexes the returned text: the BOS
+//     the tokenizer puts before a text prompt is listed but takes no
+//     characters (a token-id prompt's echo is its decoded text, BOS included).
 //   chat: model, messages (rendered with the DeepSeek V4/V4.1 chat format,
 //     chat_format.h), n, max_completion_tokens / max_tokens (default: up to
 //     the context), stream, stream_options, logprobs (bool) + top_logprobs,
@@ -143,6 +145,7 @@ struct ParsedRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::vector<std::vector<int32_t>> prompts;  // token ids, one per prompt
   std::vector<std::string> prompt_texts;      // for echo (completions)
+  std::vector<bool> prompt_is_text;           // completions: prompt i was a string (else token ids)
   SamplingParams params;
   int n = 1;
   bool stream = false;
@@ -251,7 +254,8 @@ class ResponseBuilder {
   ChoiceDelta Apply(Choice& c, ChoiceOutput& o);
   nlohmann::json CompletionLogprobs(int64_t* text_offset, const std::vector<LogprobsEntry>& entries) const;
   // Echo + logprobs: the prompt's entries (the first null), then the generated ones.
-  nlohmann::json EchoLogprobs(const std::vector<int32_t>& prompt, const std::vector<std::optional<LogprobsEntry>>& pl,
+  nlohmann::json EchoLogprobs(const std::vector<int32_t>& prompt, bool text_prompt,
+                              const std::vector<std::optional<LogprobsEntry>>& pl,
                               const std::vector<LogprobsEntry>& generated) const;
   nlohmann::json ChatLogprobs(const std::vector<LogprobsEntry>& entries) const;
   // `top`: at most this many of each entry's top ids (all when unset or -1).

@@ -69,7 +69,7 @@ async function metrics() {
 }
 
 const L = '{model_name="tiny"}';
-const gauge = (m, name) => m.samples.get(`deepinfer:${name}${L}`);
+const gauge = (m, name) => m.samples.get(`deepinfer_${name}${L}`);
 
 before(async () => {
   const deadline = Date.now() + 180_000;
@@ -217,7 +217,8 @@ test('logprobs and top_logprobs', async () => {
     assert.ok(lp.token_logprobs[i] <= 0);
     // Greedy: the chosen token is the most likely one.
     assert.equal(lp.token_logprobs[i], Math.max(...top));
-    if (i > 0) assert.equal(lp.text_offset[i], lp.text_offset[i - 1] + lp.tokens[i - 1].length);
+    // Characters (code points, as OpenAI and vLLM), not UTF-8 bytes or UTF-16 units.
+    if (i > 0) assert.equal(lp.text_offset[i], lp.text_offset[i - 1] + [...lp.tokens[i - 1]].length);
   }
   const c = await client.chat.completions.create({
     model: 'tiny', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 2,
@@ -236,6 +237,51 @@ test('logprobs and top_logprobs', async () => {
   const sl = [];
   for await (const ch of stream) for (const x of ch.choices) if (x.logprobs) sl.push(...x.logprobs.token_logprobs);
   assert.deepEqual(sl, lp.token_logprobs);
+});
+
+test('prompt scoring (lm-evaluation-harness style): echo + logprobs + max_tokens 0', async () => {
+  // Text with a multi-byte character, and a token-id prompt; logprobs 1 as lm-eval sends.
+  const texts = ['The quick brown fox jumps over the lazy dög', 'Scores: 1, 2, 3'];
+  const idsOf = async (t) => (await post('/tokenize', { prompt: t })).json.tokens;
+  for (const prompt of [texts[0], await idsOf(texts[1])]) {
+    const ids = typeof prompt === 'string' ? await idsOf(prompt) : prompt;
+    const s = await client.completions.create({ model: 'tiny', prompt, echo: true, logprobs: 1, max_tokens: 0, temperature: 0 });
+    const ref = await client.completions.create({ model: 'tiny', prompt, max_tokens: 1, temperature: 0, prompt_logprobs: 1 });
+    const ch = s.choices[0];
+    const plp = ref.choices[0].prompt_logprobs;
+    assert.equal(ch.finish_reason, 'length');
+    assert.equal(s.usage.completion_tokens, 0, 'nothing generated');
+    assert.equal(s.usage.prompt_tokens, ids.length);
+    const echoed = typeof prompt === 'string' ? prompt : (await post('/detokenize', { tokens: ids })).json.prompt;
+    assert.equal(ch.text, echoed);
+    const lp = ch.logprobs;
+    assert.equal(lp.tokens.length, ids.length);
+    assert.equal(lp.token_logprobs[0], null, 'the first token has no logprob');
+    assert.equal(lp.top_logprobs[0], null);
+    for (let p = 1; p < ids.length; p++) {
+      // Bit for bit the prompt_logprobs value of the prompt token.
+      assert.equal(lp.token_logprobs[p], plp[p][String(ids[p])].logprob, `position ${p}`);
+      assert.equal(lp.tokens[p], plp[p][String(ids[p])].decoded_token);
+      const top = Object.entries(lp.top_logprobs[p]);
+      assert.ok(top.length === 1 || top.length === 2, 'top 1 and the token itself');
+      const rank1 = Object.values(plp[p]).find((v) => v.rank === 1);
+      assert.equal(lp.top_logprobs[p][rank1.decoded_token], rank1.logprob);
+    }
+    // text_offset: characters into the echoed text.
+    for (let p = 1; p < ids.length; p++) {
+      const at = lp.text_offset[p];
+      if (typeof prompt === 'string') assert.equal([...echoed].slice(at, at + [...lp.tokens[p]].length).join(''), lp.tokens[p]);
+      assert.ok(at >= lp.text_offset[p - 1]);
+    }
+    // Batched with n > 1 and max_tokens >= 1: the prompt part is the same, then the generated tokens follow.
+    const more = await client.completions.create({ model: 'tiny', prompt: [prompt, prompt], echo: true, logprobs: 1, max_tokens: 3, temperature: 0, n: 2 });
+    assert.equal(more.choices.length, 4);
+    for (const c of more.choices) {
+      assert.deepEqual(c.logprobs.token_logprobs.slice(0, ids.length), lp.token_logprobs);
+      assert.equal(c.logprobs.tokens.length, ids.length + 3);
+      assert.ok(c.text.startsWith(echoed));
+    }
+  }
 });
 
 test('prompt_logprobs (vLLM extension): completions and chat', async () => {
@@ -379,10 +425,40 @@ test('16 concurrent streams each equal their solo output', { timeout: 600_000 },
   assert.ok(maxRunning > 1, `requests ran batched (max running ${maxRunning})`);
 });
 
+test('a plain (non-streaming) request whose client goes away after 1 s is aborted; blocks freed within 1 s', { timeout: 300_000 }, async () => {
+  const ABORT = 'deepinfer_request_success_total{model_name="tiny",finished_reason="abort"}';
+  const cases = [
+    [C, { model: 'tiny', prompt: 'A long story:', max_tokens: 240, ignore_eos: true, temperature: 0 }],
+    [CH, { model: 'tiny', messages: [{ role: 'user', content: 'A long story, please' }], max_tokens: 200, ignore_eos: true, temperature: 0 }],
+  ];
+  for (const [pathname, body] of cases) {
+    const before = await metrics();
+    const aborts0 = before.samples.get(ABORT);
+    const gen0 = before.samples.get(`deepinfer_generation_tokens_total${L}`);
+    const ctrl = new AbortController();
+    const pending = fetch(URL_BASE + pathname, {
+      method: 'POST', headers: { 'Content-Type': 'application/json', ...AUTH }, body: JSON.stringify(body), signal: ctrl.signal,
+    }).catch((e) => e);
+    await sleep(1000);
+    assert.ok(gauge(await metrics(), 'kv_cache_blocks_used') > 0, `${pathname}: the request is running and holds blocks`);
+    const t0 = Date.now();
+    ctrl.abort();
+    assert.ok((await pending) instanceof Error, 'the client gave up');
+    let m;
+    for (;;) {
+      m = await metrics();
+      if (m.samples.get(ABORT) === aborts0 + 1 && gauge(m, 'kv_cache_blocks_used') === 0 && gauge(m, 'num_requests_running') === 0) break;
+      assert.ok(Date.now() - t0 < 1000, `${pathname}: not aborted and freed within 1 s`);
+      await sleep(10);
+    }
+    assert.ok(m.samples.get(`deepinfer_generation_tokens_total${L}`) - gen0 < body.max_tokens, `${pathname}: stopped early`);
+  }
+});
+
 test('a client that disconnects mid-stream aborts its request; its blocks are freed', { timeout: 300_000 }, async () => {
   const before = await metrics();
-  const aborts0 = before.samples.get('deepinfer:request_success_total{model_name="tiny",finished_reason="abort"}');
-  const gen0 = before.samples.get(`deepinfer:generation_tokens_total${L}`);
+  const aborts0 = before.samples.get('deepinfer_request_success_total{model_name="tiny",finished_reason="abort"}');
+  const gen0 = before.samples.get(`deepinfer_generation_tokens_total${L}`);
   const stream = await client.completions.create({
     model: 'tiny', prompt: 'A very long story:', max_tokens: 200, ignore_eos: true, temperature: 0, stream: true,
   });
@@ -401,13 +477,13 @@ test('a client that disconnects mid-stream aborts its request; its blocks are fr
   const deadline = Date.now() + 20_000;
   for (;;) {
     m = await metrics();
-    const aborts = m.samples.get('deepinfer:request_success_total{model_name="tiny",finished_reason="abort"}');
+    const aborts = m.samples.get('deepinfer_request_success_total{model_name="tiny",finished_reason="abort"}');
     if (aborts === aborts0 + 1 && gauge(m, 'kv_cache_blocks_used') === 0 && gauge(m, 'num_requests_running') === 0) break;
     assert.ok(Date.now() < deadline, 'blocks not freed within 20 s');
     await sleep(50);
   }
-  assert.equal(m.samples.get('deepinfer:request_success_total{model_name="tiny",finished_reason="abort"}'), aborts0 + 1);
-  assert.ok(m.samples.get(`deepinfer:generation_tokens_total${L}`) - gen0 < 200, 'generation stopped early');
+  assert.equal(m.samples.get('deepinfer_request_success_total{model_name="tiny",finished_reason="abort"}'), aborts0 + 1);
+  assert.ok(m.samples.get(`deepinfer_generation_tokens_total${L}`) - gen0 < 200, 'generation stopped early');
 });
 
 // ---------------------------------------------------------------------------
@@ -464,7 +540,9 @@ const BAD = [
   ['suffix unsupported', C, { prompt: 'a', suffix: 'b' }, 400, 'invalid_request_error', 'suffix'],
   ['min_tokens above max_tokens', C, { prompt: 'a', max_tokens: 2, min_tokens: 5 }, 400, 'invalid_request_error', 'min_tokens'],
   ['stop_token_ids negative', C, { prompt: 'a', stop_token_ids: [-1] }, 400, 'invalid_request_error', 'stop_token_ids'],
-  ['echo with logprobs', C, { prompt: 'a', echo: true, logprobs: 1 }, 400, 'invalid_request_error', 'echo'],
+  ['echo with logprobs and stream', C, { prompt: 'a', echo: true, logprobs: 1, stream: true }, 400, 'invalid_request_error', 'echo'],
+  ['max_tokens 0 without echo', C, { prompt: 'a', max_tokens: 0 }, 400, 'invalid_request_error', 'max_tokens'],
+  ['max_tokens 0 with min_tokens', C, { prompt: 'a', echo: true, max_tokens: 0, min_tokens: 1 }, 400, 'invalid_request_error', 'min_tokens'],
   ['prompt_logprobs above max_logprobs', C, { prompt: 'a', prompt_logprobs: 50 }, 400, 'invalid_request_error', 'prompt_logprobs'],
   ['prompt_logprobs -2', C, { prompt: 'a', prompt_logprobs: -2 }, 400, 'invalid_request_error', 'prompt_logprobs'],
   ['prompt_logprobs a string', C, { prompt: 'a', prompt_logprobs: 'x' }, 400, 'invalid_request_error', 'prompt_logprobs'],
@@ -524,18 +602,40 @@ test(`a table of ${BAD.length} bad requests, then the server still answers corre
     assert.equal(r.headers.get('allow'), allow, `${method} ${path}: Allow`);
     assert.equal((await r.json()).error.code, 'method_not_allowed');
   }
-  // A chunked upload is refused before its body is read (cpp-httplib would
-  // buffer it whatever --max-request-bytes says): 411, send Content-Length.
+  // A chunked upload is read (and answered like the same body with Content-Length)...
   const chunked = new ReadableStream({
-    start(c) { c.enqueue(new TextEncoder().encode(JSON.stringify({ model: 'tiny', prompt: 'a', max_tokens: 1 }))); c.close(); },
+    start(c) {
+      const bytes = new TextEncoder().encode(JSON.stringify({ model: 'tiny', prompt: 'a', max_tokens: 2, temperature: 0 }));
+      for (let i = 0; i < bytes.length; i += 7) c.enqueue(bytes.slice(i, i + 7));
+      c.close();
+    },
   });
   const rc = await fetch(URL_BASE + C, {
     method: 'POST', headers: { 'Content-Type': 'application/json', ...AUTH }, body: chunked, duplex: 'half',
   });
-  assert.equal(rc.status, 411);
-  const jc = await rc.json();
-  assert.equal(jc.error.code, 'length_required');
-  assert.match(jc.error.message, /Content-Length/);
+  assert.equal(rc.status, 200);
+  const plain = await post(C, { model: 'tiny', prompt: 'a', max_tokens: 2, temperature: 0 });
+  assert.equal((await rc.json()).choices[0].text, plain.json.choices[0].text);
+  // ... and one that never ends but passes --max-request-bytes (1,000,000) is refused while it is
+  // read: the answer (or the server closing) comes although the body never finishes.
+  let stopUpload = false;
+  const endless = new ReadableStream({
+    async pull(c) {
+      if (stopUpload) { c.close(); return; }
+      await sleep(1);
+      c.enqueue(new Uint8Array(65536).fill(32));
+    },
+  });
+  const upload = fetch(URL_BASE + C, {
+    method: 'POST', headers: { 'Content-Type': 'application/json', ...AUTH }, body: endless, duplex: 'half',
+  }).then(async (r) => ({ status: r.status, json: await r.json() }), (e) => e);
+  const settled = await Promise.race([upload, sleep(20_000).then(() => 'timeout')]);
+  stopUpload = true;
+  assert.notEqual(settled, 'timeout', 'the server waited for the endless body');
+  if (!(settled instanceof Error)) {  // (the server may close before fetch has read the answer)
+    assert.equal(settled.status, 400);
+    assert.equal(settled.json.error.code, 'request_too_large');
+  }
   // The openai client surfaces these as typed errors.
   await assert.rejects(client.completions.create({ model: 'tiny', prompt: 'a', top_p: 7 }), (e) => e instanceof OpenAI.BadRequestError && e.status === 400);
   await assert.rejects(client.completions.create({ model: 'other', prompt: 'a' }),
@@ -553,27 +653,27 @@ test(`a table of ${BAD.length} bad requests, then the server still answers corre
 test('/metrics parses as Prometheus text with the expected families', async () => {
   const m = await metrics();
   const expect = {
-    'deepinfer:num_requests_running': 'gauge',
-    'deepinfer:num_requests_waiting': 'gauge',
-    'deepinfer:kv_cache_blocks_used': 'gauge',
-    'deepinfer:kv_cache_blocks_total': 'gauge',
-    'deepinfer:prompt_tokens_total': 'counter',
-    'deepinfer:generation_tokens_total': 'counter',
-    'deepinfer:request_success_total': 'counter',
-    'deepinfer:time_to_first_token_seconds': 'histogram',
-    'deepinfer:inter_token_latency_seconds': 'histogram',
-    'deepinfer:e2e_request_latency_seconds': 'histogram',
+    'deepinfer_num_requests_running': 'gauge',
+    'deepinfer_num_requests_waiting': 'gauge',
+    'deepinfer_kv_cache_blocks_used': 'gauge',
+    'deepinfer_kv_cache_blocks': 'gauge',
+    'deepinfer_prompt_tokens_total': 'counter',
+    'deepinfer_generation_tokens_total': 'counter',
+    'deepinfer_request_success_total': 'counter',
+    'deepinfer_time_to_first_token_seconds': 'histogram',
+    'deepinfer_inter_token_latency_seconds': 'histogram',
+    'deepinfer_e2e_request_latency_seconds': 'histogram',
   };
   for (const [name, type] of Object.entries(expect)) {
     assert.equal(m.types.get(name), type, name);
     assert.ok(m.byName.has(name), `${name} in the npm parser's output`);
     assert.equal(m.byName.get(name).type, type.toUpperCase());
   }
-  assert.ok(gauge(m, 'kv_cache_blocks_total') > 0);
-  assert.ok(m.samples.get(`deepinfer:prompt_tokens_total${L}`) > 0);
-  assert.ok(m.samples.get(`deepinfer:generation_tokens_total${L}`) > 0);
+  assert.ok(gauge(m, 'kv_cache_blocks') > 0);
+  assert.ok(m.samples.get(`deepinfer_prompt_tokens_total${L}`) > 0);
+  assert.ok(m.samples.get(`deepinfer_generation_tokens_total${L}`) > 0);
   for (const h of ['time_to_first_token_seconds', 'inter_token_latency_seconds', 'e2e_request_latency_seconds']) {
-    const fam = m.byName.get(`deepinfer:${h}`);
+    const fam = m.byName.get(`deepinfer_${h}`);
     // (JavaScript orders integer-like keys first, so sort by bound.)
     const buckets = Object.entries(fam.metrics[0].buckets)
       .map(([le, v]) => [le === '+Inf' ? Infinity : Number(le), Number(v)])
@@ -583,19 +683,19 @@ test('/metrics parses as Prometheus text with the expected families', async () =
       assert.ok(buckets[i][0] > buckets[i - 1][0], `${h}: distinct bounds`);
       assert.ok(buckets[i][1] >= buckets[i - 1][1], `${h}: cumulative counts`);
     }
-    const count = m.samples.get(`deepinfer:${h}_count${L}`);
+    const count = m.samples.get(`deepinfer_${h}_count${L}`);
     assert.equal(buckets.at(-1)[0], Infinity);
     assert.equal(buckets.at(-1)[1], count, `${h}: +Inf bucket == count`);
     assert.ok(count > 0, `${h}: observed`);
-    assert.ok(m.samples.get(`deepinfer:${h}_sum${L}`) > 0);
+    assert.ok(m.samples.get(`deepinfer_${h}_sum${L}`) > 0);
   }
   // Every request so far finished (stop, length or abort); errors none.
-  assert.equal(m.samples.get('deepinfer:request_success_total{model_name="tiny",finished_reason="error"}'), 0);
-  // promtool, when installed, must accept the text too.
+  assert.equal(m.samples.get('deepinfer_request_success_total{model_name="tiny",finished_reason="error"}'), 0);
+  // promtool (Debian's prometheus package, installed by scripts/setup.sh) must accept the text with no warning.
   let promtool = null;
   try { promtool = execFileSync('sh', ['-c', 'command -v promtool'], { encoding: 'utf8' }).trim(); } catch { /* absent */ }
-  if (promtool) {
-    const text = await (await fetch(`${URL_BASE}/metrics`)).text();
-    execFileSync(promtool, ['check', 'metrics'], { input: text });
-  }
+  assert.ok(promtool, 'promtool is not installed: run scripts/setup.sh (package prometheus)');
+  const text = await (await fetch(`${URL_BASE}/metrics`)).text();
+  const out = execFileSync(promtool, ['check', 'metrics'], { input: text, encoding: 'utf8', stdio: ['pipe', 'pipe', 'pipe'] });
+  assert.equal(out.trim(), '', `promtool: ${out}`);
 });

@@ -91,23 +91,23 @@ TEST(Metrics, PrometheusTextHasCumulativeBucketsAndLabels) {
   s.num_kv_blocks_used = 16;
   s.generation_tokens_total = 99;
   const std::string t = m.Render(s, "a\"b");
-  EXPECT_NE(t.find("deepinfer:num_requests_running{model_name=\"a\\\"b\"} 2\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("deepinfer:kv_cache_usage_perc{model_name=\"a\\\"b\"} 0.25\n"), std::string::npos);
-  EXPECT_NE(t.find("deepinfer:generation_tokens_total{model_name=\"a\\\"b\"} 99\n"), std::string::npos);
-  EXPECT_NE(t.find("# TYPE deepinfer:time_to_first_token_seconds histogram\n"), std::string::npos);
-  EXPECT_NE(t.find("deepinfer:time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"0.001\"} 0\n"),
+  EXPECT_NE(t.find("deepinfer_num_requests_running{model_name=\"a\\\"b\"} 2\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("deepinfer_kv_cache_usage_perc{model_name=\"a\\\"b\"} 0.25\n"), std::string::npos);
+  EXPECT_NE(t.find("deepinfer_generation_tokens_total{model_name=\"a\\\"b\"} 99\n"), std::string::npos);
+  EXPECT_NE(t.find("# TYPE deepinfer_time_to_first_token_seconds histogram\n"), std::string::npos);
+  EXPECT_NE(t.find("deepinfer_time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"0.001\"} 0\n"),
             std::string::npos);
-  EXPECT_NE(t.find("deepinfer:time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"0.005\"} 1\n"),
+  EXPECT_NE(t.find("deepinfer_time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"0.005\"} 1\n"),
             std::string::npos);
-  EXPECT_NE(t.find("deepinfer:time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"0.06\"} 2\n"),
+  EXPECT_NE(t.find("deepinfer_time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"0.06\"} 2\n"),
             std::string::npos);
-  EXPECT_NE(t.find("deepinfer:time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"2560\"} 2\n"),
+  EXPECT_NE(t.find("deepinfer_time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"2560\"} 2\n"),
             std::string::npos);
-  EXPECT_NE(t.find("deepinfer:time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"+Inf\"} 3\n"),
+  EXPECT_NE(t.find("deepinfer_time_to_first_token_seconds_bucket{model_name=\"a\\\"b\",le=\"+Inf\"} 3\n"),
             std::string::npos);
-  EXPECT_NE(t.find("deepinfer:time_to_first_token_seconds_count{model_name=\"a\\\"b\"} 3\n"), std::string::npos);
-  EXPECT_NE(t.find("deepinfer:time_to_first_token_seconds_sum{model_name=\"a\\\"b\"} 5000.053\n"), std::string::npos);
-  EXPECT_NE(t.find("deepinfer:request_success_total{model_name=\"a\\\"b\",finished_reason=\"abort\"} 2\n"),
+  EXPECT_NE(t.find("deepinfer_time_to_first_token_seconds_count{model_name=\"a\\\"b\"} 3\n"), std::string::npos);
+  EXPECT_NE(t.find("deepinfer_time_to_first_token_seconds_sum{model_name=\"a\\\"b\"} 5000.053\n"), std::string::npos);
+  EXPECT_NE(t.find("deepinfer_request_success_total{model_name=\"a\\\"b\",finished_reason=\"abort\"} 2\n"),
             std::string::npos);
 }
 
@@ -587,9 +587,9 @@ TEST(HttpServer, DisconnectMidStreamAbortsAndFreesBlocks) {
                        &got);
   ASSERT_NE(got.find("HTTP/1.1 200"), std::string::npos) << got;
   // Wait (bounded) until the abort is counted and the blocks are back.
-  const std::string aborted = "deepinfer:request_success_total{model_name=\"tiny\",finished_reason=\"abort\"} 1\n";
-  const std::string no_blocks = "deepinfer:kv_cache_blocks_used{model_name=\"tiny\"} 0\n";
-  const std::string none_running = "deepinfer:num_requests_running{model_name=\"tiny\"} 0\n";
+  const std::string aborted = "deepinfer_request_success_total{model_name=\"tiny\",finished_reason=\"abort\"} 1\n";
+  const std::string no_blocks = "deepinfer_kv_cache_blocks_used{model_name=\"tiny\"} 0\n";
+  const std::string none_running = "deepinfer_num_requests_running{model_name=\"tiny\"} 0\n";
   std::string body;
   bool freed = false;
   for (int i = 0; i < 400 && !freed; ++i) {
