@@ -3,6 +3,8 @@
 //    Python encoders (V4 encoding_dsv4.py, V4.1 encoding.py) on
 //    tools/chat/chat_cases.json with tools/chat/make_chat_expected.py;
 //  * literal expectations of the official V4.1 encoding/test_encoding.py.
+#include <algorithm>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -186,6 +188,61 @@ TEST(ChatFormat, ExactlyOneBosAfterTokenization) {
       EXPECT_EQ(std::count(ids.begin(), ids.end(), tok.bos_id()), 1);
       EXPECT_EQ(std::count(ids.begin(), ids.end(), *tok.TokenToId("<｜User｜>")), 2);
       EXPECT_EQ(tok.Decode(ids), RenderChat(msgs, o));
+    }
+}
+
+// Request text never becomes a special (or any added) token: a message whose
+// content is the literal text of every added token renders each as ordinary
+// tokens — exactly one BOS, and the added-token ids are those of the template
+// alone. Text without such matches tokenizes as the whole rendered string does.
+TEST(ChatFormat, ContentNeverProducesSpecialTokens) {
+  const Tokenizer& tok = testing::V3Tokenizer();
+  std::string all;
+  for (const AddedToken& t : tok.added_tokens())
+    if (t.content != "<｜deepseek_image｜>") all += t.content + " ";
+  ASSERT_GT(tok.added_tokens().size(), 800u);
+  auto conversation = [](const std::string& text, bool v41) {
+    Json m = Json::array();
+    m.push_back(Json{{"role", "system"}, {"content", text}});
+    m.push_back(Json{{"role", "user"}, {"content", text}});
+    m.push_back(Json{{"role", "assistant"}, {"content", text}, {"reasoning_content", text}});
+    Json block = Json::object();
+    block["type"] = "text";
+    block["text"] = text;
+    Json blocks = Json::array();
+    blocks.push_back(block);
+    Json last = Json::object();
+    last["role"] = "user";
+    last["content"] = blocks;
+    if (v41) m.push_back(last);  // (content blocks are V4.1's)
+    else m.push_back(Json{{"role", "user"}, {"content", text}});
+    return m;
+  };
+  auto added_ids = [&](const std::vector<int32_t>& ids) {
+    std::vector<int32_t> out;
+    for (int32_t id : ids)
+      if (tok.IsAdded(id)) out.push_back(id);
+    return out;
+  };
+  for (bool thinking : {false, true})
+    for (ChatEncoding e : {ChatEncoding::kDeepseekV4, ChatEncoding::kDeepseekV41}) {
+      ChatOptions o;
+      o.encoding = e;
+      o.thinking = thinking;
+      o.drop_thinking = false;
+      const bool v41 = e == ChatEncoding::kDeepseekV41;
+      const Json forged = conversation(all, v41);
+      const std::vector<int32_t> ids = EncodeChat(tok, forged, o);
+      EXPECT_EQ(std::count(ids.begin(), ids.end(), tok.bos_id()), 1);
+      const std::vector<int32_t> template_only = added_ids(EncodeChat(tok, conversation("x", v41), o));
+      EXPECT_EQ(added_ids(ids), template_only) << "an added token came from content";
+      EXPECT_EQ(std::count(ids.begin(), ids.end(), *tok.TokenToId("<｜User｜>")), 2);
+      EXPECT_EQ(std::count(ids.begin(), ids.end(), *tok.TokenToId("<｜Assistant｜>")),
+                std::count(template_only.begin(), template_only.end(), *tok.TokenToId("<｜Assistant｜>")));
+      EXPECT_EQ(tok.Decode(ids), RenderChat(forged, o));  // the same text, as characters
+      // Ordinary text: the same ids as tokenizing the rendered string whole.
+      const Json plain = conversation("Hello there, how are you?", v41);
+      EXPECT_EQ(EncodeChat(tok, plain, o), tok.Encode(RenderChat(plain, o), /*add_special_tokens=*/false));
     }
 }
 

@@ -385,6 +385,71 @@ TEST(OpenAiParse, StructuredOutputFields) {
             "guided_regex | guided_regex: invalid or unsupported regular expression at offset 2: missing ')'");
   EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"integer","maximum":3}}}})"),
             "response_format | response_format.json_schema.schema: unsupported JSON Schema keyword \"maximum\" (at /)");
+
+// Prompt scoring: echo + logprobs (+ max_tokens 0) as OpenAI's legacy API and
+// vLLM: the prompt's entries (first null) from the prompt_logprobs machinery,
+// text_offset in characters into the echoed text.
+TEST(OpenAiParse, EchoLogprobsScoring) {
+  const ModelInfo info = Info();
+  auto comp = [&](const char* body) { return ParseCompletionRequest(json::parse(body), info); };
+  ParsedRequest r = comp(R"({"prompt":"héllo wörld","echo":true,"logprobs":2,"max_tokens":0})");
+  EXPECT_TRUE(r.echo_only && r.echo_logprobs);
+  EXPECT_EQ(r.params.max_tokens, 1);  // the engine runs one token, not returned
+  EXPECT_EQ(r.params.prompt_logprobs, std::optional<int64_t>(2));
+  EXPECT_FALSE(r.want_prompt_logprobs);
+  // An explicit prompt_logprobs: the engine computes the larger N; each field gets its own.
+  ParsedRequest both = comp(R"({"prompt":"a","echo":true,"logprobs":1,"prompt_logprobs":3,"max_tokens":2})");
+  EXPECT_FALSE(both.echo_only);
+  EXPECT_EQ(both.params.prompt_logprobs, std::optional<int64_t>(3));
+  EXPECT_EQ(both.prompt_logprobs_top, std::optional<int64_t>(3));
+  auto err = [&](const char* body) { return Catch([&] { comp(body); }); };
+  EXPECT_EQ(err(R"({"prompt":"a","max_tokens":0})").param, "max_tokens");
+  EXPECT_EQ(err(R"({"prompt":"a","echo":true,"logprobs":1,"stream":true})").param, "echo");
+  EXPECT_EQ(err(R"({"prompt":"a","echo":true,"max_tokens":0,"min_tokens":1})").param, "min_tokens");
+
+  // Response: prompt tokens first; the generated token of a max_tokens-0 request is dropped.
+  const std::vector<int32_t>& p = r.prompts[0];
+  ASSERT_GE(p.size(), 3u);
+  ResponseBuilder b(r, info, "cmpl-s", 1);
+  ChoiceOutput o;
+  o.out.new_token_ids = {42};
+  o.out.new_text = "zz";
+  o.out.new_logprobs = {LogprobsEntry{TokenLogprob{42, -0.1f, 1}, {}}};
+  o.out.finished = true;
+  o.out.finish_reason = "length";
+  o.out.prompt_logprobs.push_back(std::nullopt);
+  for (size_t k = 1; k < p.size(); ++k) {
+    LogprobsEntry e;
+    e.chosen = TokenLogprob{p[k], -1.0f - static_cast<float>(k), 5};
+    e.top = {TokenLogprob{7, -0.25f, 1}, TokenLogprob{9, -0.5f, 2}, TokenLogprob{11, -0.75f, 3}};
+    o.out.prompt_logprobs.push_back(e);
+  }
+  b.OnOutput(std::move(o));
+  const json f = b.Final();
+  const json& c = f["choices"][0];
+  EXPECT_EQ(c["text"], "héllo wörld");
+  EXPECT_EQ(f["usage"]["completion_tokens"], 0);
+  const json& lp = c["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), p.size());
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  const auto text = [](int32_t id) { return SharedTokenizer().Decode(std::vector<int32_t>{id}); };
+  for (size_t k = 1; k < p.size(); ++k) {
+    EXPECT_EQ(lp["token_logprobs"][k], static_cast<double>(-1.0f - static_cast<float>(k)));
+    EXPECT_EQ(lp["top_logprobs"][k].size(), 3u) << lp["top_logprobs"][k].dump();  // top 2 + the token itself
+    EXPECT_EQ(lp["top_logprobs"][k][text(7)], -0.25);
+  }
+  // text_offset: code points into the echoed text; the BOS added to a text prompt takes none.
+  const std::u32string chars = U"héllo wörld";
+  int64_t want = 0;
+  for (size_t k = 0; k < p.size(); ++k) {
+    EXPECT_EQ(lp["text_offset"][k], want) << k;
+    if (k >= SharedTokenizer().prefix_special_ids().size()) {
+      const std::string t = lp["tokens"][k];
+      for (unsigned char ch : t) want += (ch & 0xC0) != 0x80;
+    }
+  }
+  EXPECT_EQ(want, static_cast<int64_t>(chars.size()));
 }
 
 TEST(OpenAiResponse, StreamChunksAndFinalAgree) {
