@@ -101,6 +101,7 @@ void RunGenerate(const GenerateOptions& o) {
 
   std::vector<json> results;
   std::map<uint64_t, size_t> line_of;
+  std::set<size_t> unseeded_greedy;  // lines with temperature 0 and no seed
   std::string line;
   size_t index = 0;
   while (std::getline(in, line)) {
@@ -179,6 +180,8 @@ void RunGenerate(const GenerateOptions& o) {
         spec->after_reasoning = thinking;
         req.constraint = structured::CompileConstraint(*spec);
       }
+      // Greedy with no seed given: no seed is used, so none is reported (null).
+      if (req.params.temperature == 0 && !req.params.seed) unseeded_greedy.insert(i);
       line_of[engine->Submit(req)] = i;
     } catch (const Error& e) {
       results.back()["error"] = e.what();
@@ -204,7 +207,8 @@ void RunGenerate(const GenerateOptions& o) {
       res["prompt_tokens"] = r.num_prompt_tokens;
       res["cached_tokens"] = r.num_cached_tokens;
       res["completion_tokens"] = r.token_ids.size();
-      res["seed"] = r.seed;
+      if (unseeded_greedy.count(line_of.at(r.id))) res["seed"] = nullptr;
+      else res["seed"] = r.seed;
       if (!r.logprobs.empty()) res["logprobs"] = LogprobsJson(r.logprobs, tok);
       if (!r.prompt_logprobs.empty()) res["prompt_logprobs"] = PromptLogprobsJson(r.prompt_logprobs, tok);
       res["time_to_first_token_s"] = r.time_to_first_token_s;

@@ -69,7 +69,7 @@
 //       max_tokens and max_model_len), unsupported fields;
 //   404 invalid_request_error, code "model_not_found": a model other than the
 //       served name (vLLM and OpenAI both answer 404; the body is OpenAI's);
-//   401 (http_server.h), 413, 503, 500 server_error (engine-side failure).
+//   401, 405, 431, 503 (http_server.h), 500 server_error (engine-side failure).
 #pragma once
 
 #include <cstdint>
