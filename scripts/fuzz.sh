@@ -1,34 +1,46 @@
 #!/usr/bin/env bash
-# Fuzzes the checkpoint loader's parsers with libFuzzer + AddressSanitizer for
-# a bounded time. Not part of CI.
+# Fuzzes the parsers with libFuzzer + AddressSanitizer + UBSan.
 #
-# Usage: ./scripts/fuzz.sh [SECONDS] [TARGET...]
-#   SECONDS  time per target (default 120)
-#   TARGET   safetensors_header (SafetensorsFile::Parse on file images) and/or
-#            config_json (ModelConfig::FromJsonText + ExpectedTensors);
-#            default: both
+# Usage: ./scripts/fuzz.sh [--runs N | --seconds S] [TARGET...]
+#   --runs N     executions per target (default 1000000)
+#   --seconds S  time per target instead
+#   TARGET       http_request (whole raw requests: the transport's parser, then the
+#                completions/chat schemas), request_schema (completions, chat and
+#                tokenize bodies + responses), chat_render (the V4/V4.1 renderer +
+#                EncodeChat), tokenizer (Encode/Decode round trips), safetensors_header
+#                (SafetensorsFile::Parse), config_json (ModelConfig + ExpectedTensors);
+#                default: all
 #
-# Builds a separate clang tree in build-fuzz/ (the modules the targets use —
-# base, format, model config — are compiled again with
-# -fsanitize=fuzzer-no-link,address so the parsers are coverage-instrumented;
-# see the DEEPINFER_BUILD_FUZZ block of CMakeLists.txt), writes a small seed
-# corpus per target to build-fuzz/corpus/<target>-seeds/, keeps the growing
-# corpus in build-fuzz/corpus/<target>/ and any crash reproducer in
-# build-fuzz/artifacts/. Exit status: 0 if no crash was found, else libFuzzer's.
-# Reproduce a crash: build-fuzz/<target>_fuzz build-fuzz/artifacts/crash-...
+# Builds a separate clang tree in build-fuzz/ (only the modules the targets use,
+# compiled again with -fsanitize=fuzzer-no-link,address,undefined; see the
+# DEEPINFER_BUILD_FUZZ block of CMakeLists.txt). Each target starts from the
+# committed corpus fuzz/corpus/<target>/ (seeds and every crashing input found so
+# far: tests/unit/fuzz_regression_test.cc runs them all in the normal build) plus
+# generated seeds, keeps the growing corpus in build-fuzz/corpus/<target>/ and a
+# crash reproducer in build-fuzz/artifacts/ (copy it into fuzz/corpus/<target>/
+# once fixed). Prints the executions done per target. Exit status: 0 if no crash
+# was found, else libFuzzer's. scripts/test.sh runs a short --runs pass of each.
+# Reproduce a crash: build-fuzz/<target>_fuzz build-fuzz/artifacts/<target>-crash-...
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECS=${1:-120}
-shift || true
+LIMIT=(-runs=1000000)
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) LIMIT=(-runs="$2"); shift 2 ;;
+    --seconds) LIMIT=(-max_total_time="$2"); shift 2 ;;
+    [0-9]*) LIMIT=(-max_total_time="$1"); shift ;;  # old form: SECONDS
+    *) break ;;
+  esac
+done
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(safetensors_header config_json)
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(http_request request_schema chat_render tokenizer safetensors_header config_json)
 BUILD=build-fuzz
 
 CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DDEEPINFER_BUILD_FUZZ=ON -DDEEPINFER_BUILD_TESTS=OFF -DDEEPINFER_BUILD_BENCH=OFF >/dev/null
-for t in "${TARGETS[@]}"; do
-  cmake --build "$BUILD" -j"$(nproc)" --target "${t}_fuzz"
-done
+targets=()
+for t in "${TARGETS[@]}"; do targets+=("${t}_fuzz"); done
+cmake --build "$BUILD" -j"$(nproc)" --target "${targets[@]}"
 mkdir -p "$BUILD/artifacts"
 
 seed_safetensors_header() {
@@ -58,6 +70,11 @@ for k, v in seeds.items():
 EOF
 }
 
+seed_http_request() { :; }
+seed_request_schema() { :; }
+seed_chat_render() { :; }
+seed_tokenizer() { :; }
+
 seed_config_json() {
   cp tests/data/tiny_v41_config.json tests/data/tiny_v4_config.json \
      tests/data/v41_flash_config.json tests/data/v4_flash_config.json "$1/"
@@ -69,21 +86,23 @@ for t in "${TARGETS[@]}"; do
   corpus="$BUILD/corpus/$t"
   mkdir -p "$seeds" "$corpus"
   "seed_$t" "$seeds"
-  echo "== fuzzing $t for ${SECS}s"
+  dict=()
+  [ -f "fuzz/$t.dict" ] && dict=(-dict="fuzz/$t.dict")
+  echo "== fuzzing $t (${LIMIT[*]})"
   set +e
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 "$BUILD/${t}_fuzz" \
-    -max_total_time="$SECS" -max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-    -dict="fuzz/$t.dict" -artifact_prefix="$BUILD/artifacts/$t-" \
-    "$corpus" "$seeds" >"$BUILD/$t.log" 2>&1
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    "$BUILD/${t}_fuzz" "${LIMIT[@]}" -max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    "${dict[@]}" -artifact_prefix="$BUILD/artifacts/$t-" \
+    "$corpus" "$seeds" "fuzz/corpus/$t" >"$BUILD/$t.log" 2>&1
   rc=$?
   set -e
-  grep -E "^#[0-9]+[[:space:]]+(INITED|DONE)|ERROR|crash-|stat::(number_of_executed_units|peak_rss)" \
-    "$BUILD/$t.log" || true
+  execs=$(grep -o "stat::number_of_executed_units: *[0-9]*" "$BUILD/$t.log" | grep -o "[0-9]*$" || echo "?")
+  grep -E "ERROR|crash-" "$BUILD/$t.log" || true
   if [ "$rc" -ne 0 ]; then
-    echo "fuzz: $t: libFuzzer exited with status $rc; see $BUILD/$t.log and $BUILD/artifacts/"
+    echo "fuzz: $t: libFuzzer exited with status $rc after $execs executions; see $BUILD/$t.log and $BUILD/artifacts/"
     status=$rc
   else
-    echo "fuzz: $t: no crash in ${SECS}s (log: $BUILD/$t.log)"
+    echo "fuzz: $t: $execs executions, no crash (log: $BUILD/$t.log)"
   fi
 done
 exit "$status"

@@ -79,7 +79,74 @@ std::string Head(int status, std::string_view content_type, const HttpHeaders& e
   return h;
 }
 
+using RequestParser = http::request_parser<http::string_body>;
+
+void ConfigureParser(RequestParser& p, size_t max_header_bytes, size_t max_request_bytes) {
+  p.header_limit(static_cast<std::uint32_t>(std::min<size_t>(max_header_bytes, UINT32_MAX)));
+  p.body_limit(static_cast<std::uint64_t>(max_request_bytes));
+}
+
+HttpRequest ToHttpRequest(http::request<http::string_body>&& msg) {
+  HttpRequest req;
+  req.method = std::string(msg.method_string());
+  req.target = std::string(msg.target());
+  req.path = req.target.substr(0, req.target.find('?'));
+  req.version = static_cast<int>(msg.version());
+  for (const auto& f : msg) req.headers.push_back(HttpHeader{std::string(f.name_string()), std::string(f.value())});
+  req.body = std::move(msg.body());
+  return req;
+}
+
+// The status, code and message a parse error is answered with (status 0: the
+// client went away or the input is incomplete; nothing to answer).
+HttpParseError ClassifyParseError(beast::error_code ec, size_t max_header_bytes, size_t max_request_bytes) {
+  HttpParseError e;
+  if (ec == http::error::header_limit) {
+    e = {431, "header_too_large",
+         fmt::format("the request header is larger than this server's limit of {} bytes", max_header_bytes)};
+  } else if (ec == http::error::body_limit) {
+    e = {400, "request_too_large",
+         fmt::format("the request body is larger than this server's limit of {} bytes (--max-request-bytes)",
+                     max_request_bytes)};
+  } else if (ec == http::error::end_of_stream || ec == http::error::partial_message || ec == http::error::need_more ||
+             ec == net::error::eof || ec == net::error::connection_reset || ec == net::error::operation_aborted ||
+             ec == beast::error::timeout) {
+    e = {0, "", ""};
+  } else {
+    e = {400, "bad_request",
+         fmt::format("the HTTP request could not be read ({}): check the request line, the headers and the "
+                     "Content-Length or chunked framing of the body",
+                     ec.message())};
+  }
+  return e;
+}
+
 }  // namespace
+
+bool ParseHttpRequest(std::string_view bytes, size_t max_header_bytes, size_t max_request_bytes, HttpRequest* out,
+                      HttpParseError* error) {
+  RequestParser p;
+  ConfigureParser(p, max_header_bytes, max_request_bytes);
+  p.eager(true);
+  beast::error_code ec;
+  size_t used = 0;
+  while (!ec && !p.is_done() && used < bytes.size()) {
+    const size_t n = p.put(net::buffer(bytes.data() + used, bytes.size() - used), ec);
+    if (n == 0 && !ec) break;
+    used += n;
+  }
+  if (ec == http::error::need_more) ec = {};
+  if (!ec && !p.is_done()) {
+    p.put_eof(ec);  // the bytes end here
+    if (!ec && !p.is_done()) ec = http::error::partial_message;
+  }
+  if (ec) {
+    *error = ClassifyParseError(ec, max_header_bytes, max_request_bytes);
+    return false;
+  }
+  *out = ToHttpRequest(p.release());
+  return true;
+}
 
 std::string HttpRequest::Header(std::string_view name) const {
   for (const HttpHeader& h : headers)
@@ -333,8 +400,7 @@ void Connection::NextRequest() {
   }
   phase_ = Phase::kIdle;
   parser_.emplace();
-  parser_->header_limit(static_cast<std::uint32_t>(std::min<size_t>(t_->opts.max_header_bytes, UINT32_MAX)));
-  parser_->body_limit(static_cast<std::uint64_t>(t_->opts.max_request_bytes));
+  ConfigureParser(*parser_, t_->opts.max_header_bytes, t_->opts.max_request_bytes);
   if (buf_.size() > 0) {
     ReadHeader();
     return;
@@ -369,28 +435,10 @@ void Connection::FailRequest(int status, const std::string& message, const std::
 void Connection::OnHeader(beast::error_code ec) {
   if (phase_ == Phase::kClosed) return;
   if (ec) {
-    if (ec == beast::error::timeout) {
-      ++t_->header_to;
-      // The socket is closed by the timeout; nothing can be answered.
-      Close(false);
-    } else if (ec == http::error::header_limit) {
-      FailRequest(431, fmt::format("the request header is larger than this server's limit of {} bytes",
-                                   t_->opts.max_header_bytes),
-                  "header_too_large");
-    } else if (ec == http::error::body_limit) {
-      FailRequest(400, fmt::format("the request body is larger than this server's limit of {} bytes "
-                                   "(--max-request-bytes)",
-                                   t_->opts.max_request_bytes),
-                  "request_too_large");
-    } else if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset ||
-               ec == net::error::operation_aborted) {
-      Close(false);
-    } else {
-      FailRequest(400, fmt::format("the HTTP request could not be read ({}): check the request line, the headers "
-                                   "and the Content-Length or chunked framing of the body",
-                                   ec.message()),
-                  "bad_request");
-    }
+    if (ec == beast::error::timeout) ++t_->header_to;  // the socket is closed by the timeout
+    const HttpParseError e = ClassifyParseError(ec, t_->opts.max_header_bytes, t_->opts.max_request_bytes);
+    if (e.status == 0) Close(false);
+    else FailRequest(e.status, e.message, e.code);
     return;
   }
   ReadBody();
@@ -416,32 +464,17 @@ void Connection::ReadBody() {
 void Connection::OnBody(beast::error_code ec) {
   if (phase_ == Phase::kClosed) return;
   if (ec) {
-    if (ec == beast::error::timeout) {
-      ++t_->body_to;
-      Close(false);
-    } else if (ec == http::error::body_limit) {
-      FailRequest(400, fmt::format("the request body is larger than this server's limit of {} bytes "
-                                   "(--max-request-bytes)",
-                                   t_->opts.max_request_bytes),
-                  "request_too_large");
-    } else if (ec == http::error::end_of_stream || ec == http::error::partial_message || ec == net::error::eof ||
-               ec == net::error::connection_reset || ec == net::error::operation_aborted) {
-      Close(false);
-    } else {
-      FailRequest(400, fmt::format("the HTTP request body could not be read ({})", ec.message()), "bad_request");
-    }
+    if (ec == beast::error::timeout) ++t_->body_to;
+    const HttpParseError e = ClassifyParseError(ec, t_->opts.max_header_bytes, t_->opts.max_request_bytes);
+    if (e.status == 0) Close(false);
+    else FailRequest(e.status, e.message, e.code);
     return;
   }
   auto msg = parser_->release();
   parser_.reset();
-  HttpRequest req;
-  req.method = std::string(msg.method_string());
-  req.target = std::string(msg.target());
-  req.path = req.target.substr(0, req.target.find('?'));
-  req.version = static_cast<int>(msg.version());
-  for (const auto& f : msg) req.headers.push_back(HttpHeader{std::string(f.name_string()), std::string(f.value())});
-  req.body = std::move(msg.body());
-  keep_alive_ = msg.keep_alive();
+  const bool keep_alive = msg.keep_alive();
+  HttpRequest req = ToHttpRequest(std::move(msg));
+  keep_alive_ = keep_alive;
   phase_ = Phase::kHandling;
   auto exchange = std::make_shared<ExchangeImpl>(std::move(req), shared_from_this(), keep_alive_);
   exchange_ = exchange;

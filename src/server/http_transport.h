@@ -119,6 +119,19 @@ struct HttpTransportCounters {
   int64_t requests = 0;            // requests handed to the handler
 };
 
+// Parses one raw HTTP/1.x request (bytes as a client sends them) with exactly
+// the parser settings and request mapping a connection uses (header and body
+// limits, chunked decoding): for tests and fuzzing. Returns true and fills
+// *out for a complete request; false with *error (the status and code a
+// connection would answer: 400 bad_request / request_too_large, 431
+// header_too_large; status 0 = incomplete input) otherwise. Never throws.
+struct HttpParseError {
+  int status = 0;
+  std::string code, message;
+};
+bool ParseHttpRequest(std::string_view bytes, size_t max_header_bytes, size_t max_request_bytes, HttpRequest* out,
+                      HttpParseError* error);
+
 class HttpTransport {
  public:
   using Handler = std::function<void(std::shared_ptr<HttpExchange>)>;

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Sanitizer runs (part of scripts/test.sh, so of CI):
+#   asan: an AddressSanitizer + UndefinedBehaviorSanitizer build of the unit
+#         tests (build-asan/), every gtest binary run by ctest;
+#   tsan: a ThreadSanitizer build of the engine-loop and server tests
+#         (build-tsan/: server_test, server_http_test, engine_test).
+# Any report fails the run. Usage: scripts/sanitize.sh [asan|tsan|all] (default all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what="${1:-all}"
+jobs="$(nproc)"
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+
+configure() {  # dir sanitizers
+  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDEEPINFER_SANITIZE="$2" \
+    -DDEEPINFER_BUILD_BENCH=OFF >/dev/null
+}
+
+if [ "$what" = all ] || [ "$what" = asan ]; then
+  t0=$(date +%s)
+  configure build-asan "address,undefined"
+  cmake --build build-asan -j"$jobs"
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  # The unit tests (gtest binaries); the CLI shell tests run in the normal build.
+  ctest --test-dir build-asan --output-on-failure -j"$jobs" -E '^cli_'
+  echo "sanitize: asan+ubsan unit tests passed in $(( $(date +%s) - t0 )) s"
+fi
+
+if [ "$what" = all ] || [ "$what" = tsan ]; then
+  t0=$(date +%s)
+  configure build-tsan "thread"
+  cmake --build build-tsan -j"$jobs" --target deepinfer server_test server_http_test engine_test
+  # libgomp is not built with TSan: its own synchronisation is invisible to it.
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp"
+  export OMP_NUM_THREADS=1
+  ctest --test-dir build-tsan --output-on-failure -j"$jobs" -R '^(HttpServer|HttpHardening|OpenAi|Engine|fixture_)'
+  echo "sanitize: tsan engine-loop and server tests passed in $(( $(date +%s) - t0 )) s"
+fi
