@@ -41,3 +41,11 @@ inline const server::ModelInfo& SharedInfo() {
 }
 
 }  // namespace deepinfer::fuzzing
+
+#ifndef DEEPINFER_FUZZ_NO_INIT
+// libFuzzer: load the tokenizer before the first input (not inside its timeout).
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  deepinfer::fuzzing::SharedInfo();
+  return 0;
+}
+#endif

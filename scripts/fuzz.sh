@@ -91,7 +91,7 @@ for t in "${TARGETS[@]}"; do
   echo "== fuzzing $t (${LIMIT[*]})"
   set +e
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    "$BUILD/${t}_fuzz" "${LIMIT[@]}" -max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    "$BUILD/${t}_fuzz" "${LIMIT[@]}" -max_len=8192 -timeout=30 -rss_limit_mb=2048 -print_final_stats=1 \
     "${dict[@]}" -artifact_prefix="$BUILD/artifacts/$t-" \
     "$corpus" "$seeds" "fuzz/corpus/$t" >"$BUILD/$t.log" 2>&1
   rc=$?

@@ -8,3 +8,9 @@ cmake --build build -j"$(nproc)"
 # oversubscribed cores from slowing every test down (results never depend on threads).
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 ctest --test-dir build --output-on-failure -j"$(nproc)" "$@"
+
+# Opt-in heavier runs (each builds its own tree; see the scripts):
+#   DEEPINFER_SANITIZERS=1    ASan+UBSan unit tests and TSan server/engine-loop tests (scripts/sanitize.sh)
+#   DEEPINFER_FUZZ_RUNS=N     N libFuzzer executions of every fuzz target (scripts/fuzz.sh --runs N)
+if [ "${DEEPINFER_SANITIZERS:-0}" = 1 ]; then ./scripts/sanitize.sh all; fi
+if [ -n "${DEEPINFER_FUZZ_RUNS:-}" ]; then ./scripts/fuzz.sh --runs "$DEEPINFER_FUZZ_RUNS"; fi

@@ -261,7 +261,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool monitor_pending_ = false;
   bool restart_after_monitor_ = false;
   bool writing_ = false;
-  bool close_after_write_ = false;
   std::deque<Pending> wq_;
 
   friend class ExchangeImpl;

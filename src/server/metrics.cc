@@ -121,11 +121,11 @@ std::string ServerMetrics::Render(const EngineStats& s, const std::string& model
   counter("deepinfer_generation_tokens_total", "Tokens generated.", static_cast<double>(s.generation_tokens_total));
   counter("deepinfer_num_preemptions_total", "Requests preempted (their cache is recomputed later).",
           static_cast<double>(s.num_preemptions));
-  counter("deepinfer:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache (vLLM prefix_cache_queries).",
+  counter("deepinfer_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache (vLLM prefix_cache_queries).",
           static_cast<double>(s.prefix_cache_queries));
-  counter("deepinfer:prefix_cache_hits_total", "Prompt tokens found in the prefix cache (vLLM prefix_cache_hits).",
+  counter("deepinfer_prefix_cache_hits_total", "Prompt tokens found in the prefix cache (vLLM prefix_cache_hits).",
           static_cast<double>(s.prefix_cache_hits));
-  gauge("deepinfer:prefix_cache_blocks", "Published prefix-cache blocks (shared or evictable).",
+  gauge("deepinfer_prefix_cache_blocks", "Published prefix-cache blocks (shared or evictable).",
         static_cast<double>(s.num_cached_blocks));
   std::lock_guard<std::mutex> lock(mu_);
   Header("deepinfer_request_success_total", "Finished requests by finish reason.", "counter", &out);

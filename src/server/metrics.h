@@ -16,6 +16,9 @@
 //   deepinfer_prompt_tokens_total          counter   prompt tokens computed (recomputation) vllm:prompt_tokens_total
 //   deepinfer_generation_tokens_total      counter   tokens generated                       vllm:generation_tokens_total
 //   deepinfer_num_preemptions_total        counter   requests preempted (recompute)         vllm:num_preemptions_total
+//   deepinfer_prefix_cache_queries_total  counter   prompt tokens looked up in the cache   vllm:prefix_cache_queries_total
+//   deepinfer_prefix_cache_hits_total     counter   prompt tokens found there              vllm:prefix_cache_hits_total
+//   deepinfer_prefix_cache_blocks         gauge     published prefix-cache blocks          (none)
 //   deepinfer_request_success_total{finished_reason="stop"|"length"|"abort"|"error"}
 //                                          counter   finished requests by finish reason     vllm:request_success_total
 //   deepinfer_time_to_first_token_seconds  histogram arrival → first generated token        vllm:time_to_first_token_seconds

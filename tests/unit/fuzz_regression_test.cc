@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#define DEEPINFER_FUZZ_NO_INIT
 #define LLVMFuzzerTestOneInput FuzzHttpRequest
 #include "../../fuzz/http_request_fuzz.cc"
 #undef LLVMFuzzerTestOneInput
