@@ -428,8 +428,9 @@ test('16 concurrent streams each equal their solo output', { timeout: 600_000 },
 test('a plain (non-streaming) request whose client goes away after 1 s is aborted; blocks freed within 1 s', { timeout: 300_000 }, async () => {
   const ABORT = 'deepinfer_request_success_total{model_name="tiny",finished_reason="abort"}';
   const cases = [
-    [C, { model: 'tiny', prompt: 'A long story:', max_tokens: 240, ignore_eos: true, temperature: 0 }],
-    [CH, { model: 'tiny', messages: [{ role: 'user', content: 'A long story, please' }], max_tokens: 200, ignore_eos: true, temperature: 0 }],
+    // n = 16 long choices: several seconds of work even on a fast machine.
+    [C, { model: 'tiny', prompt: 'A long story:', max_tokens: 240, ignore_eos: true, temperature: 0.5, seed: 1, n: 16 }],
+    [CH, { model: 'tiny', messages: [{ role: 'user', content: 'A long story, please' }], max_tokens: 200, ignore_eos: true, temperature: 0.5, seed: 1, n: 16 }],
   ];
   for (const [pathname, body] of cases) {
     const before = await metrics();
@@ -447,11 +448,12 @@ test('a plain (non-streaming) request whose client goes away after 1 s is aborte
     let m;
     for (;;) {
       m = await metrics();
-      if (m.samples.get(ABORT) === aborts0 + 1 && gauge(m, 'kv_cache_blocks_used') === 0 && gauge(m, 'num_requests_running') === 0) break;
+      // Every choice is one engine request: n aborts.
+      if (m.samples.get(ABORT) === aborts0 + body.n && gauge(m, 'kv_cache_blocks_used') === 0 && gauge(m, 'num_requests_running') === 0) break;
       assert.ok(Date.now() - t0 < 1000, `${pathname}: not aborted and freed within 1 s`);
       await sleep(10);
     }
-    assert.ok(m.samples.get(`deepinfer_generation_tokens_total${L}`) - gen0 < body.max_tokens, `${pathname}: stopped early`);
+    assert.ok(m.samples.get(`deepinfer_generation_tokens_total${L}`) - gen0 < body.max_tokens * body.n, `${pathname}: stopped early`);
   }
 });
 
