@@ -159,7 +159,7 @@ void HttpServer::Impl::HandleGenerate(const std::shared_ptr<HttpExchange>& ex, E
   if (ep == Endpoint::kChat) {
     st->parsed = ParseChatRequest(body, nlohmann::ordered_json::parse(raw), *mi);
   } else {
-    st->parsed = ParseCompletionRequest(body, nlohmann::ordered_json::parse(req.body), *mi);
+    st->parsed = ParseCompletionRequest(body, nlohmann::ordered_json::parse(raw), *mi);
   }
   const std::string id = NewRequestId(ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
   st->builder = std::make_unique<ResponseBuilder>(st->parsed, *mi, id, static_cast<int64_t>(std::time(nullptr)));

@@ -385,6 +385,7 @@ TEST(OpenAiParse, StructuredOutputFields) {
             "guided_regex | guided_regex: invalid or unsupported regular expression at offset 2: missing ')'");
   EXPECT_EQ(err(R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"integer","maximum":3}}}})"),
             "response_format | response_format.json_schema.schema: unsupported JSON Schema keyword \"maximum\" (at /)");
+}
 
 // Prompt scoring: echo + logprobs (+ max_tokens 0) as OpenAI's legacy API and
 // vLLM: the prompt's entries (first null) from the prompt_logprobs machinery,
