@@ -124,9 +124,13 @@ struct HttpServer::Impl {
         if (s == EngineLoop::State::kLoading)
           throw ApiError(503, "server_error", "the model is still loading; retry when GET /health answers 200",
                          std::nullopt, "model_loading");
-        if (s == EngineLoop::State::kFailed)
-          throw ApiError(503, "server_error", "the model failed to load: " + loop->load_error(), std::nullopt,
-                         "model_load_failed");
+        if (s == EngineLoop::State::kFailed) {
+          // A parallel job that lost a rank after loading is down, not "failed to load".
+          const std::string why = loop->load_error();
+          if (why.rfind("a rank of the parallel job was lost", 0) == 0)
+            throw ApiError(503, "server_error", "the engine is unavailable: " + why, std::nullopt, "rank_lost");
+          throw ApiError(503, "server_error", "the model failed to load: " + why, std::nullopt, "model_load_failed");
+        }
       }
       fn();
     } catch (const ApiError& e) {
