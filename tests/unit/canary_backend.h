@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "deepinfer/engine.h"
 #include "engine/backend.h"
 
 namespace deepinfer::test_support {
@@ -116,5 +117,17 @@ class CanaryBackend : public ModelBackend {
  private:
   ModelConfig cfg_;
 };
+
+// Engine arguments of the canary tests: 4-token blocks, 128-token requests, one thread.
+inline EngineArgs Args(int max_seqs, int64_t budget, int64_t blocks = 0) {
+  EngineArgs a;
+  a.max_num_seqs = max_seqs;
+  a.max_num_batched_tokens = budget;
+  a.max_model_len = 128;
+  a.block_size = 4;
+  a.num_kv_blocks = blocks;
+  a.num_threads = 1;
+  return a;
+}
 
 }  // namespace deepinfer::test_support

@@ -25,17 +25,7 @@ using test_support::CanaryBackend;
 using test_support::kNanToken;
 using test_support::kVocab;
 using test_support::kWindow;
-
-EngineArgs Args(int max_seqs, int64_t budget, int64_t blocks = 0) {
-  EngineArgs a;
-  a.max_num_seqs = max_seqs;
-  a.max_num_batched_tokens = budget;
-  a.max_model_len = 128;
-  a.block_size = 4;
-  a.num_kv_blocks = blocks;
-  a.num_threads = 1;
-  return a;
-}
+using test_support::Args;
 
 std::vector<GenerateRequest> MakeRequests(int n, uint32_t seed) {
   std::mt19937 rng(seed);

@@ -23,6 +23,7 @@ namespace deepinfer {
 namespace {
 
 using test_support::CanaryBackend;
+using test_support::Args;
 
 // D shards of the canary model: shard 0 in the engine's pool, shard i > 0 in
 // a pool of its own (as rank i's), addressed only by slot and block ids. It
@@ -68,17 +69,6 @@ class ShardedCanary : public CanaryBackend {
   StateGeometry geometry_;
   std::vector<std::unique_ptr<CachePool>> pools_;
 };
-
-EngineArgs Args(int max_seqs, int64_t budget, int64_t blocks = 0) {
-  EngineArgs a;
-  a.max_num_seqs = max_seqs;
-  a.max_num_batched_tokens = budget;
-  a.max_model_len = 128;
-  a.block_size = 4;
-  a.num_kv_blocks = blocks;
-  a.num_threads = 1;
-  return a;
-}
 
 std::vector<GenerateRequest> Requests(int n, uint32_t seed) {
   std::mt19937 rng(seed);
