@@ -97,6 +97,9 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--dp,--data-parallel-size", f->args.data_parallel_size,
                   "Data-parallel attention over N ranks (1 or --ep N)")
       ->capture_default_str();
+  cmd->add_option("--cp,--context-parallel-size", f->args.context_parallel_size,
+                  "Context parallelism: each sequence's paged KV/state split over N ranks (= mpirun -np N); "
+                  "the pool flags are per rank");
   cmd->add_option("--prefill-attempt-interval", f->args.prefill_attempt_interval,
                   "With --dp: decode steps between prefill attempts while only some ranks have prompts")
       ->capture_default_str();

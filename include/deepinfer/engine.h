@@ -56,6 +56,12 @@ struct EngineArgs {
   // rank gets the same arguments.
   int expert_parallel_size = 1;            // --ep N: routed experts (and Engram rows) split over N ranks
   int data_parallel_size = 1;              // --dp N: attention data-parallel over N ranks (needs --ep N)
+  // --cp N: context parallelism, every sequence's paged state (compressed KV,
+  // index keys) split over N ranks that run its rows together; the pool
+  // flags (--num-kv-blocks, --kv-cache-memory) are per rank and the group
+  // holds N times as much. 0 = not given (1, and no start-up capacity check);
+  // given (any N >= 1): --max-model-len must fit the group's pool.
+  int context_parallel_size = 0;
   int64_t prefill_attempt_interval = 1;    // --prefill-attempt-interval: decode steps between prefill
                                            // attempts while only some DP ranks have prompts
   std::string dp_moe_exchange = "auto";    // --dp-moe-exchange auto|general: decode steps use the static

@@ -27,6 +27,13 @@ int64_t CachePool::BlocksThatFit(const StateGeometry& g, int64_t bytes, int num_
   return (bytes - fixed) / per_block;
 }
 
+CachePool::CachePool(const StateGeometry& geometry, int64_t num_blocks, int num_slots, int cp_size, int cp_rank)
+    : CachePool(geometry, num_blocks, num_slots) {
+  if (cp_size < 1 || cp_rank < 0 || cp_rank >= cp_size)
+    Fail(ErrorKind::kInvalidArgument, "cache pool: context-parallel rank {} of {} is out of range", cp_rank, cp_size);
+  sharding_ = PagedSharding{cp_size, cp_rank, static_cast<int64_t>(cp_size) * num_blocks};
+}
+
 CachePool::CachePool(const StateGeometry& geometry, int64_t num_blocks, int num_slots)
     : geometry_(geometry), num_blocks_(num_blocks), num_slots_(num_slots) {
   if (num_blocks < 1 || num_slots < 1)
@@ -61,11 +68,12 @@ SequenceStateView CachePool::View(int32_t slot, const int32_t* block_table, int6
   v.slot = slot;
   v.block_table = block_table;
   v.num_blocks = num_blocks;
+  if (sharding_.size > 1) v.sharding = &sharding_;
   return v;
 }
 
 const int32_t* CachePool::ScratchTable(int64_t n) {
-  if (static_cast<int64_t>(scratch_table_.size()) < n) scratch_table_.assign(n, static_cast<int32_t>(num_blocks_));
+  if (static_cast<int64_t>(scratch_table_.size()) < n) scratch_table_.assign(n, static_cast<int32_t>(num_blocks_ * sharding_.size));
   return scratch_table_.data();
 }
 

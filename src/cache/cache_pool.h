@@ -21,6 +21,10 @@ class CachePool {
   // for every region of `geometry`, zero-filled. Throws Error(kResourceExhausted)
   // if the allocation fails, naming the byte count.
   CachePool(const StateGeometry& geometry, int64_t num_blocks, int num_slots);
+  // Context parallelism (model/state.h PagedSharding): this rank `cp_rank` of
+  // `cp_size` holds num_blocks local blocks; views take global block tables
+  // ([0, cp_size·num_blocks), scratch cp_size·num_blocks). cp_size 1 = the above.
+  CachePool(const StateGeometry& geometry, int64_t num_blocks, int num_slots, int cp_size, int cp_rank);
 
   const StateGeometry& geometry() const { return geometry_; }
   int64_t num_blocks() const { return num_blocks_; }
@@ -29,7 +33,8 @@ class CachePool {
 
   // View of one sequence's state. block_table must stay alive while the view is used.
   SequenceStateView View(int32_t slot, const int32_t* block_table, int64_t num_blocks) const;
-  // A table of `n` entries all pointing at the scratch block (for padding rows).
+  // A table of `n` entries all pointing at the scratch block (for padding rows;
+  // with context parallelism the global scratch id).
   const int32_t* ScratchTable(int64_t n);
   // Zero the fixed-kind rows of `slot` (a sequence starts from empty state).
   void ResetSlot(int32_t slot);
@@ -47,6 +52,7 @@ class CachePool {
   std::vector<std::unique_ptr<uint8_t[]>> memory_;  // per kind
   StatePoolView pools_[static_cast<int>(StateKind::kCount)];
   std::vector<int32_t> scratch_table_;
+  PagedSharding sharding_;  // size 1: not sharded
 };
 
 }  // namespace deepinfer

@@ -64,6 +64,11 @@ class ModelBackend {
   // padded to the same number of one-token rows. logits[i] receives batch
   // i's rows in Forward's layout. Same row-independence rule as Forward.
   virtual int data_parallel_size() const { return 1; }
+  // Context parallelism (docs/parallel.md): the ranks that split every
+  // sequence's paged blocks (1 = none). With C > 1 the engine's scheduler
+  // hands out C × (blocks per rank) global block ids and its own pool holds
+  // rank 0's share (cache/cache_pool.h).
+  virtual int context_parallel_size() const { return 1; }
   // Parallel backends: throws RankLostError when a rank is gone (called by
   // an idle engine loop; a step notices by itself).
   virtual void CheckPeers() {}

@@ -239,7 +239,8 @@ std::unique_ptr<Engine> Engine::OpenWithBackend(const EngineArgs& args, std::uni
   sc.max_num_batched_tokens = args.max_num_batched_tokens;
   sc.max_model_len = args.max_model_len;
   sc.block_size = args.block_size;
-  sc.num_kv_blocks = num_blocks;
+  const int cp = impl->backend->context_parallel_size();  // the pool flags are per CP rank
+  sc.num_kv_blocks = num_blocks * cp;
   sc.prefill_token_buckets = args.prefill_token_buckets;
   sc.decode_batch_buckets = args.decode_batch_buckets;
   sc.prompt_as_decode_max_tokens = args.prompt_as_decode_max_tokens;
@@ -249,14 +250,14 @@ std::unique_ptr<Engine> Engine::OpenWithBackend(const EngineArgs& args, std::uni
   if (dp < 1) Fail(ErrorKind::kInternal, "backend data_parallel_size {} < 1", dp);
   impl->shards.resize(static_cast<size_t>(dp));
   for (EngineShard& sh : impl->shards) sh.scheduler = std::make_unique<Scheduler>(sc);
-  impl->pool = std::make_unique<CachePool>(geometry, num_blocks, args.max_num_seqs);
+  impl->pool = std::make_unique<CachePool>(geometry, num_blocks, args.max_num_seqs, cp, 0);
   impl->eos_ids = {static_cast<int32_t>(cfg.eos_token_id)};
   SamplerConfig samp;
   samp.vocab_size = impl->backend->vocab_size();
   samp.eos_token_ids = impl->eos_ids;
   samp.logprobs_mode = args.logprobs_mode;
   impl->sampler = std::make_unique<Sampler>(samp);
-  impl->stats.num_kv_blocks = num_blocks;
+  impl->stats.num_kv_blocks = sc.num_kv_blocks;
   impl->stats.kv_cache_bytes = impl->pool->total_bytes();
   spdlog::debug("engine: {} KV blocks of {} tokens, {} slots, {} bytes of cache", num_blocks, args.block_size,
                 args.max_num_seqs, impl->pool->total_bytes());

@@ -2,7 +2,10 @@
 // parallel_runner.h. The backends that use them are in v41_backend.cc.
 #include "engine/parallel_runner.h"
 
+#include <algorithm>
+
 #include "cache/cache_pool.h"
+#include "parallel/context_parallel.h"
 
 namespace deepinfer {
 
@@ -17,14 +20,48 @@ int64_t KvBlocksFor(const EngineArgs& args, const StateGeometry& geometry) {
              "--kv-cache-memory {} bytes is too small: the fixed per-sequence state alone needs {} bytes",
              args.kv_cache_memory_bytes, CachePool::BytesFor(geometry, 1, args.max_num_seqs));
     } else {
-      num_blocks = blocks_per_seq * args.max_num_seqs;
+      // Enough for max_num_seqs × max_model_len over the whole CP group.
+      num_blocks = BlocksPerCpRank(blocks_per_seq * args.max_num_seqs, std::max(1, args.context_parallel_size));
     }
+  }
+  if (args.context_parallel_size >= 1) {
+    // --cp given: one sequence of max_model_len tokens must fit the group's pool.
+    const int cp = args.context_parallel_size;
+    if (blocks_per_seq > num_blocks * cp)
+      Fail(ErrorKind::kInvalidArgument,
+           "--max-model-len {} needs {} blocks of {} tokens, but --cp {} ranks of {} blocks each (--num-kv-blocks / "
+           "--kv-cache-memory, per rank) hold {} tokens: raise --cp or the pool, or lower --max-model-len",
+           args.max_model_len, blocks_per_seq, args.block_size, cp, num_blocks, num_blocks * cp * args.block_size);
   }
   return num_blocks;
 }
 
 void CheckParallelArgs(const EngineArgs& args, int world_size) {
   const int ep = args.expert_parallel_size, dp = args.data_parallel_size;
+  if (args.context_parallel_size < 0)
+    Fail(ErrorKind::kInvalidArgument, "--cp must be >= 1, got {}", args.context_parallel_size);
+  const int cp = std::max(1, args.context_parallel_size);
+  if (cp > 1) {
+    if (world_size == 1)
+      Fail(ErrorKind::kInvalidArgument, "--cp {} needs {} ranks, but this is one process: start it with mpirun -np {}",
+           cp, cp, cp);
+    if (cp != world_size)
+      Fail(ErrorKind::kInvalidArgument,
+           "--cp {} must equal the number of ranks ({}, from mpirun -np): every rank holds a share of each sequence",
+           cp, world_size);
+    if (dp > 1)
+      Fail(ErrorKind::kInvalidArgument,
+           "--cp {} with --dp {} is not supported: context parallelism runs every sequence on all ranks (use --dp 1)",
+           cp, dp);
+    if (ep != 1 && ep != cp)
+      Fail(ErrorKind::kInvalidArgument,
+           "--cp {} with --ep {} is not supported: expert parallelism with --cp runs on the same ranks (--ep 1 or "
+           "--ep {})",
+           cp, ep, cp);
+    // TODO(--speculative-config): refuse --cp with speculative decoding here,
+    // naming both flags, once that flag exists (the draft steps are not
+    // context-parallel).
+  }
   if (ep < 1) Fail(ErrorKind::kInvalidArgument, "--ep must be >= 1, got {}", ep);
   if (dp < 1) Fail(ErrorKind::kInvalidArgument, "--dp must be >= 1, got {}", dp);
   if (dp > 1 && ep == 1)
@@ -36,7 +73,7 @@ void CheckParallelArgs(const EngineArgs& args, int world_size) {
     Fail(ErrorKind::kInvalidArgument,
          "--ep {} --dp {} needs {} ranks, but this is one process: start it with mpirun -np {}", ep, dp,
          std::max(ep, dp), std::max(ep, dp));
-  if (world_size > 1 && ep != world_size)
+  if (world_size > 1 && cp == 1 && ep != world_size)
     Fail(ErrorKind::kInvalidArgument,
          "--ep {} must equal the number of ranks ({}, from mpirun -np): the experts are split over every rank", ep,
          world_size);

@@ -4,6 +4,7 @@
 // with the step protocol of engine/parallel_runner.h.
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 
@@ -23,6 +24,8 @@
 
 namespace deepinfer {
 namespace {
+
+int CpSize(const EngineArgs& args) { return std::max(1, args.context_parallel_size); }
 
 v41::ForwardSeq::Logits LogitsMode(bool all, bool last) {
   return all ? v41::ForwardSeq::Logits::kAll : last ? v41::ForwardSeq::Logits::kLast : v41::ForwardSeq::Logits::kNone;
@@ -65,7 +68,10 @@ class V41Backend : public ModelBackend {
   const ModelConfig& config() const override { return model_->config(); }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   StateGeometry Geometry(int64_t block_size) const override { return model_->geometry(block_size); }
-  bool supports_prefix_caching() const override { return true; }
+  // Prefix caching is off with --cp: its window history is paged, and a hit
+  // would rebuild the ring from rows stored on other ranks.
+  bool supports_prefix_caching() const override { return CpSize(args_) == 1; }
+  int context_parallel_size() const override { return CpSize(args_); }
   StateGeometry CachingGeometry(int64_t block_size) const override { return model_->geometry(block_size, true); }
   int data_parallel_size() const override { return args_.data_parallel_size; }
   void CheckPeers() override {
@@ -184,7 +190,10 @@ LoadedModel LoadModel(const EngineArgs& args, Communicator* comm) {
     Fail(ErrorKind::kInvalidArgument, "{}: model_type {} is not supported yet (only deepseek_v41)", args.model,
          lm.cfg.model_type);
   if (fs::exists(dir / "tokenizer.json")) lm.tokenizer = std::make_unique<Tokenizer>(Tokenizer::Load(dir));
-  opts.comm = comm;
+  // Expert parallelism over the ranks when --ep > 1; context parallelism
+  // (--cp > 1) over the same ranks: the paged state is split, the rows replicated.
+  opts.comm = comm && (args.expert_parallel_size > 1 || CpSize(args) == 1) ? comm : nullptr;
+  opts.context_parallel = comm && CpSize(args) > 1 ? comm : nullptr;
   if (!args.engram_token_map.empty()) {
     opts.engram_token_map_file = args.engram_token_map;
   } else if (!lm.cfg.engram_layer_ids.empty()) {
@@ -205,6 +214,14 @@ LoadedModel LoadModel(const EngineArgs& args, Communicator* comm) {
                  "{:.1f} MiB",
                  comm->rank(), comm->size(), getpid(), comm->hosts()[static_cast<size_t>(comm->rank())], sh.first(), sh.end(),
                  wb.routed_experts / 1048576.0, wb.engram_rows / 1048576.0, wb.replicated / 1048576.0);
+  }
+  if (comm && CpSize(args) > 1) {
+    const StateGeometry g = lm.model->geometry(args.block_size);
+    const int64_t per_rank = KvBlocksFor(args, g);
+    spdlog::info("rank {}/{}: context parallelism --cp {}: {} KV blocks = {} tokens per rank (global blocks b with "
+                 "b % {} == {}), {} tokens in the group; --max-model-len {}",
+                 comm->rank(), comm->size(), CpSize(args), per_rank, per_rank * args.block_size, CpSize(args),
+                 comm->rank(), per_rank * args.block_size * CpSize(args), args.max_model_len);
   }
   spdlog::debug("loaded {} ({} layers, dim {})", args.model, lm.cfg.n_layers, lm.cfg.dim);
   return lm;
@@ -248,8 +265,8 @@ int RunFollower(const EngineArgs& args) {
   std::signal(SIGTERM, SIG_IGN);
   LoadedModel lm = LoadModel(args, comm);
   if (args.num_threads != 0) SetNumThreads(args.num_threads);
-  const StateGeometry geometry = lm.model->geometry(args.block_size, args.enable_prefix_caching);
-  CachePool pool(geometry, KvBlocksFor(args, geometry), args.max_num_seqs);
+  const StateGeometry geometry = lm.model->geometry(args.block_size, args.enable_prefix_caching && CpSize(args) == 1);
+  CachePool pool(geometry, KvBlocksFor(args, geometry), args.max_num_seqs, CpSize(args), CpSize(args) > 1 ? me : 0);
   const int64_t vocab = lm.cfg.vocab_size;
   v41::ForwardOutput out;
   try {

@@ -106,6 +106,21 @@ struct StatePoolView {
   std::vector<int64_t> region_offset;  // bytes, per region
 };
 
+// Context parallelism (docs/parallel.md "Context parallelism"): the paged
+// kinds are sharded over `size` ranks by block id. Global block id g (the ids
+// the scheduler hands out, [0, size·B) for B blocks per rank) lives on rank
+// g % size at local block g / size; the scratch id size·B is local on every
+// rank (local id B, each rank's own scratch block). Fixed kinds are not
+// sharded (every rank holds every slot).
+struct PagedSharding {
+  int size = 1;
+  int rank = 0;
+  int64_t scratch = -1;  // global scratch block id (size × blocks per rank)
+  bool Owns(int64_t g) const { return g == scratch || g % size == rank; }
+  // The rank that serves block g to the others (the scratch: rank 0).
+  int Owner(int64_t g) const { return g == scratch ? 0 : static_cast<int>(g % size); }
+};
+
 // Everything the forward pass needs to address one sequence's state.
 struct SequenceStateView {
   const StatePoolView* pools = nullptr;  // [StateKind::kCount], shared by all sequences
@@ -113,6 +128,20 @@ struct SequenceStateView {
   int32_t slot = -1;                     // fixed-kind block of this sequence
   const int32_t* block_table = nullptr;  // paged kinds: logical block → physical block
   int64_t num_blocks = 0;                // entries in block_table
+  // Null: every paged block is in `pools`. Else block_table holds global ids
+  // and only the blocks this rank owns are here (Row translates them; reading
+  // or writing a row of a block owned elsewhere is a bug: check OwnsRow).
+  const PagedSharding* sharding = nullptr;
+
+  // Global block id of a paged row (row as in Row).
+  int64_t BlockOf(StateKind kind, int region, int64_t row) const {
+    return block_table[row / geometry->of(kind).regions[region].rows_per_block];
+  }
+  // True when the paged row is stored on this rank (always for fixed kinds).
+  bool OwnsRow(StateKind kind, int region, int64_t row) const {
+    if (!sharding || !geometry->of(kind).paged()) return true;
+    return sharding->Owns(BlockOf(kind, region, row));
+  }
 
   // Row `row` of kind `kind` in region `region` (region = geometry->of(kind).RegionOf(layer)).
   // Fixed kinds: row in [0, rows_per_block). Paged kinds: row = compressed position of that
@@ -122,8 +151,9 @@ struct SequenceStateView {
     const StateRegionGeometry& g = geometry->of(kind).regions[region];
     uint8_t* r = p.base + p.region_offset[region];
     if (kind == StateKind::kCompressedKv || kind == StateKind::kIndexKey || kind == StateKind::kWindowHistory) {
-      return r + static_cast<int64_t>(block_table[row / g.rows_per_block]) * g.block_bytes() +
-             (row % g.rows_per_block) * g.row_bytes;
+      int64_t b = block_table[row / g.rows_per_block];
+      if (sharding) b /= sharding->size;  // global → local block id (OwnsRow says whether it is here)
+      return r + b * g.block_bytes() + (row % g.rows_per_block) * g.row_bytes;
     }
     return r + static_cast<int64_t>(slot) * g.block_bytes() + row * g.row_bytes;
   }

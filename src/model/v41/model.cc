@@ -38,6 +38,7 @@
 #include "kernels/ref/ref_math.h"
 #include "kernels/ref/ref_ops.h"
 #include "model/v41/engram.h"
+#include "parallel/context_parallel.h"
 #include "parallel/sharded_rows.h"
 #include "model/v41/weights.h"
 
@@ -120,6 +121,7 @@ std::unique_ptr<V41Model> V41Model::Load(const std::filesystem::path& model_dir,
       Fail(ErrorKind::kInvalidArgument, "{}: layer {} compress ratio {} is not a V4.1 ratio (0, 1, 2)",
            model_dir.string(), l, c.compress_ratios[l]);
   m->comm_ = options.comm;
+  m->cp_comm_ = options.context_parallel;
   const int ep = m->comm_ ? m->comm_->size() : 1;
   const int ep_rank = m->comm_ ? m->comm_->rank() : 0;
   if (c.n_routed_experts % ep != 0)
@@ -190,7 +192,38 @@ class ForwardPass {
   void Attention(int l, const float* x, float* v);
   void Compressor(int l, int s, const float* x);
   void Indexer(int l, int s, const float* x, const float* qr);
-  void Moe(int l, const float* x, float* v);
+  void Moe(int l, const float* x, float* v, int64_t r0, int64_t r1);
+
+  // Context-parallel prefill (docs/parallel.md): with --cp N and a step of at
+  // least kCpSplitMinRows rows, a row-wise computation runs on this rank's
+  // slice [n·q/N, n·(q+1)/N) of the n rows and one AllGatherV shares the
+  // slices. f(a, b) fills rows [a, b) of y [n, width]. The kernels are
+  // row-invariant, so every row has the bits one rank would compute. Without
+  // a split: f(0, n).
+  static constexpr int64_t kCpSplitMinRows = 32;
+  template <class F>
+  void SplitRows(int64_t n, int64_t width, float* y, F&& f) {
+    if (!cp_split_) {
+      f(0, n);
+      return;
+    }
+    Communicator& cp = *m_.cp_comm_;
+    const int N = cp.size();
+    f(n * cp.rank() / N, n * (cp.rank() + 1) / N);
+    std::vector<int64_t> counts(static_cast<size_t>(N));
+    for (int p = 0; p < N; ++p) counts[p] = (n * (p + 1) / N - n * p / N) * width * static_cast<int64_t>(sizeof(float));
+    std::vector<float> all(static_cast<size_t>(n * width));
+    {
+      RegionScope scope(Region::kCollective);
+      cp.AllGatherV(y + n * cp.rank() / N * width, counts, all.data());
+    }
+    std::memcpy(y, all.data(), all.size() * sizeof(float));
+  }
+  // Context-parallel prefill: after Indexer scored this rank's rows of
+  // sequence s, every rank gets every row's selection (and candidate mask).
+  void ShareSelections(int l, int s, bool cand_source);
+  bool cp_split_ = false;      // this step splits its rows over the CP ranks
+  int64_t cp_r0_ = 0, cp_r1_ = 0;  // this rank's rows [cp_r0_, cp_r1_) of the step
   void Head();
   void Record(int l, bool block_done);
 
@@ -199,6 +232,10 @@ class ForwardPass {
   uint8_t* Row(int s, StateKind k, int layer, int64_t row) const {
     const int region = St(s).geometry->of(k).RegionOf(layer);
     return St(s).Row(k, region, row);
+  }
+  // Context parallelism: whether this rank stores the paged row (model/state.h).
+  bool Owns(int s, StateKind k, int layer, int64_t row) const {
+    return St(s).OwnsRow(k, St(s).geometry->of(k).RegionOf(layer), row);
   }
 
   V41Model& m_;
@@ -305,6 +342,9 @@ void ForwardPass::Run() {
     seq_[s] = {R_, b_.seqs[s].len, b_.seqs[s].start_pos};
     R_ += b_.seqs[s].len;
   }
+  cp_split_ = m_.cp_comm_ && m_.cp_comm_->size() > 1 && R_ >= kCpSplitMinRows && b_.per_row_layout;
+  cp_r0_ = cp_split_ ? R_ * m_.cp_comm_->rank() / m_.cp_comm_->size() : 0;
+  cp_r1_ = cp_split_ ? R_ * (m_.cp_comm_->rank() + 1) / m_.cp_comm_->size() : R_;
   row_seq_.resize(R_);
   row_pos_.resize(R_);
   row_in_seq_.resize(R_);
@@ -530,7 +570,10 @@ void ForwardPass::Block(int l) {
     RegionScope region(Region::kNorm);
     ref::RmsNorm(x.data(), n, d, L.ffn_norm.data, c_.norm_eps, x.data());
   }
-  Moe(l, x.data(), v.data());
+  if (cp_split_ && !(m_.comm_ && m_.comm_->size() > 1))  // with --ep the experts are split instead
+    SplitRows(n, d, v.data(), [&](int64_t a, int64_t b) { Moe(l, x.data(), v.data(), a, b); });
+  else
+    Moe(l, x.data(), v.data(), 0, n);
   {
     RegionScope region(Region::kMhc);
     ref::HcExpand(v.data(), X2.data(), post_f.data(), comb_f.data(), n, hc, d, X_.data());
@@ -556,21 +599,32 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   const int ab = c_.act_block_size;
 
   // Query: c_q = q_norm(wq_a(x)); q = wq_b(c_q), RoPE on each head's last rd dims.
+  // Context-parallel prefill: c_q and the window K of every row are shared
+  // (SplitRows); q, the attention core and the output projection run on this
+  // rank's rows [r0, r1) only, and the output rows are shared at the end.
+  const int64_t d = c_.dim, r0 = cp_r0_, r1 = cp_r1_;
   std::vector<float> qr(n * qr_dim), q(n * H * D);
-  Linear(x, n, A.wq_a, ab, qr.data());
-  ref::RmsNorm(qr.data(), n, qr_dim, A.q_norm.data, c_.norm_eps, qr.data());
-  Linear(qr.data(), n, A.wq_b, ab, q.data());
+  SplitRows(n, qr_dim, qr.data(), [&](int64_t a, int64_t b) {
+    Linear(x + a * d, b - a, A.wq_a, ab, qr.data() + a * qr_dim);
+    ref::RmsNorm(qr.data() + a * qr_dim, b - a, qr_dim, A.q_norm.data, c_.norm_eps, qr.data() + a * qr_dim);
+  });
+  Linear(qr.data() + r0 * qr_dim, r1 - r0, A.wq_b, ab, q.data() + r0 * H * D);
   // Window K (= V): kv_norm(wkv(x)), RoPE, FP8 QDQ over all D dims in blocks of 32.
   std::vector<float> kv(n * D);
-  Linear(x, n, A.wkv, ab, kv.data());
-  ref::RmsNorm(kv.data(), n, D, A.kv_norm.data, c_.norm_eps, kv.data());
+  SplitRows(n, D, kv.data(), [&](int64_t a, int64_t b) {
+    Linear(x + a * d, b - a, A.wkv, ab, kv.data() + a * D);
+    ref::RmsNorm(kv.data() + a * D, b - a, D, A.kv_norm.data, c_.norm_eps, kv.data() + a * D);
+    RegionScope core(Region::kAttnCore);
+#pragma omp parallel for schedule(static) if((b - a) * D > (int64_t{1} << 16))
+    for (int64_t r = a; r < b; ++r) {
+      rope.Apply(kv.data() + r * D + D - rd, row_pos_[r], false);
+      Fp8QdqInPlace(kv.data() + r * D, D, 32, w_.fp8_format);
+    }
+  });
   std::optional<RegionScope> core(std::in_place, Region::kAttnCore);
-#pragma omp parallel for schedule(static) if(n * (H + 1) * D > (int64_t{1} << 16))
-  for (int64_t r = 0; r < n; ++r) {
+#pragma omp parallel for schedule(static) if((r1 - r0) * H * D > (int64_t{1} << 16))
+  for (int64_t r = r0; r < r1; ++r)
     for (int64_t h = 0; h < H; ++h) rope.Apply(q.data() + (r * H + h) * D + D - rd, row_pos_[r], false);
-    rope.Apply(kv.data() + r * D + D - rd, row_pos_[r], false);
-    Fp8QdqInPlace(kv.data() + r * D, D, 32, w_.fp8_format);
-  }
   std::vector<uint16_t> kvb(n * D);
   for (int64_t i = 0; i < n * D; ++i) kvb[i] = FloatToBf16(kv[i]);
 
@@ -588,17 +642,34 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
     }
   }
 
+  // Context parallelism: the selected compressed rows stored on other ranks
+  // are gathered first, in row order then selection order
+  // (parallel/context_parallel.h; the same bytes, the same candidate list).
+  std::vector<uint8_t> cp_kv;
+  std::vector<int64_t> cp_at;
+  if (ratio > 0 && St(0).sharding) {
+    std::vector<PagedRowRef> refs;
+    cp_at.resize(static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r) {
+      cp_at[r] = static_cast<int64_t>(refs.size());
+      for (int32_t j : sel_[l][r]) refs.push_back({&St(row_seq_[r]), j});
+    }
+    cp_kv.resize(refs.size() * static_cast<size_t>(D * 2));
+    GatherPagedRows(m_.cp_comm_, StateKind::kCompressedKv,
+                    St(0).geometry->of(StateKind::kCompressedKv).RegionOf(sch.kv_from), refs.data(),
+                    static_cast<int64_t>(refs.size()), cp_kv.data());
+  }
   // Sparse attention with sink over window + selected compressed positions.
   core.emplace(Region::kAttnCore);
   std::vector<float> o(n * H * D);
   const float scale = static_cast<float>(std::pow(static_cast<double>(D), -0.5));
-#pragma omp parallel if(n > 1)
+#pragma omp parallel if(r1 - r0 > 1)
   {
     std::vector<const uint16_t*> rows;
     std::vector<int32_t> slots;
     std::vector<uint16_t> ringbuf;
 #pragma omp for schedule(dynamic)
-    for (int64_t r = 0; r < n; ++r) {
+    for (int64_t r = r0; r < r1; ++r) {
       const int s = row_seq_[r];
       const SeqInfo& qi = seq_[s];
       const int64_t p = row_pos_[r];
@@ -627,7 +698,10 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
         const std::vector<int32_t>& sel = sel_[l][r];
         cbuf.resize(sel.size() * D);
         for (size_t i = 0; i < sel.size(); ++i) {
-          std::memcpy(cbuf.data() + i * D, Row(s, StateKind::kCompressedKv, sch.kv_from, sel[i]), D * 2);
+          const uint8_t* src = cp_kv.empty() || !St(s).sharding
+                                   ? Row(s, StateKind::kCompressedKv, sch.kv_from, sel[i])
+                                   : cp_kv.data() + (cp_at[r] + static_cast<int64_t>(i)) * D * 2;
+          std::memcpy(cbuf.data() + i * D, src, D * 2);
           rows.push_back(cbuf.data() + i * D);
           slots.push_back(static_cast<int32_t>(W + i));
         }
@@ -649,13 +723,17 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
     // history, from which a cache hit rebuilds the ring (model/state.h).
     if (St(s).geometry->has_window_history())
       for (int64_t i = 0; i < qi.T; ++i)
-        std::memcpy(Row(s, StateKind::kWindowHistory, l, qi.start + i), kvb.data() + (qi.row0 + i) * D, D * 2);
+        if (Owns(s, StateKind::kWindowHistory, l, qi.start + i))
+          std::memcpy(Row(s, StateKind::kWindowHistory, l, qi.start + i), kvb.data() + (qi.row0 + i) * D, D * 2);
   }
   core.reset();
   // Grouped BF16 wo_a, then FP8 wo_b.
-  std::vector<float> z(n * c_.o_groups * c_.o_lora_rank);
-  GroupedLinearBf16(o.data(), n, c_.o_groups, A.wo_a, z.data());
-  Linear(z.data(), n, A.wo_b, ab, v);
+  const int64_t zw = c_.o_groups * c_.o_lora_rank;
+  std::vector<float> z(n * zw);
+  SplitRows(n, d, v, [&](int64_t a, int64_t b) {
+    GroupedLinearBf16(o.data() + a * H * D, b - a, c_.o_groups, A.wo_a, z.data() + a * zw);
+    Linear(z.data() + a * zw, b - a, A.wo_b, ab, v + a * d);
+  });
 }
 
 void ForwardPass::Compressor(int l, int s, const float* x) {
@@ -737,8 +815,10 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
     float* kr = k.data() + i * ID;
     rope.Apply(kr + ID - rd, pos, false);
     Fp4QdqUe8m0InPlace(kr, ID, 32);
-    uint16_t* dst = reinterpret_cast<uint16_t*>(Row(s, StateKind::kIndexKey, l, js[i]));
-    for (int64_t c = 0; c < ID; ++c) {
+    // Context parallelism: only the rank that stores position js[i] keeps it.
+    const bool own = Owns(s, StateKind::kIndexKey, l, js[i]);
+    uint16_t* dst = own ? reinterpret_cast<uint16_t*>(Row(s, StateKind::kIndexKey, l, js[i])) : nullptr;
+    for (int64_t c = 0; c < ID && own; ++c) {
       const uint16_t b = FloatToBf16(kr[c]);
       std::memcpy(dst + c, &b, 2);
     }
@@ -746,8 +826,8 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
     float* lr = lat.data() + i * D;
     rope.Apply(lr + D - rd, pos, false);
     Fp4QdqE4m3InPlace(lr, D, 16, w_.fp8_format);
-    uint16_t* cdst = reinterpret_cast<uint16_t*>(Row(s, StateKind::kCompressedKv, l, js[i]));
-    for (int64_t c = 0; c < D; ++c) {
+    uint16_t* cdst = own ? reinterpret_cast<uint16_t*>(Row(s, StateKind::kCompressedKv, l, js[i])) : nullptr;
+    for (int64_t c = 0; c < D && own; ++c) {
       const uint16_t b = FloatToBf16(lr[c]);
       std::memcpy(cdst + c, &b, 2);
     }
@@ -765,23 +845,37 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
   const int64_t nh = c_.index_n_heads, ID = c_.index_head_dim, rd = c_.rope_head_dim, d = c_.dim;
   const ref::RopeTable& rope = t_.For(r);
   const int64_t T = qi.T;
+  // Context-parallel prefill: this rank scores its rows [i0, i1) of the
+  // sequence; the selections are shared after the loop.
+  const int64_t i0 = std::clamp<int64_t>(cp_r0_ - qi.row0, 0, T), i1 = std::clamp<int64_t>(cp_r1_ - qi.row0, 0, T);
   // Query heads: FP8 wq_b(c_q), RoPE on each head's last rd dims, FP4 QDQ (UE8M0, 32).
   std::vector<float> qI(T * nh * ID);
-  Linear(qr + qi.row0 * c_.q_lora_rank, T, A.indexer_wq_b, c_.act_block_size, qI.data());
-  for (int64_t i = 0; i < T; ++i) {
+  Linear(qr + (qi.row0 + i0) * c_.q_lora_rank, i1 - i0, A.indexer_wq_b, c_.act_block_size, qI.data() + i0 * nh * ID);
+  for (int64_t i = i0; i < i1; ++i) {
     for (int64_t h = 0; h < nh; ++h) rope.Apply(qI.data() + (i * nh + h) * ID + ID - rd, qi.start + i, false);
     Fp4QdqUe8m0InPlace(qI.data() + i * nh * ID, nh * ID, 32);
   }
   // Head weights: BF16 weights_proj(x) × (index_head_dim^-½ · n_heads^-½), BF16.
   std::vector<float> wts(T * nh);
-  LinearBf16(x + qi.row0 * d, T, A.indexer_weights_proj, wts.data());
+  LinearBf16(x + (qi.row0 + i0) * d, i1 - i0, A.indexer_weights_proj, wts.data() + i0 * nh);
   const float wscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5) *
                                           std::pow(static_cast<double>(nh), -0.5));
   for (auto& v : wts) v = RoundBf16(v * wscale);
   // Index keys of the KV source (the fixed publication: always this layer's source).
+  // Context parallelism: the keys stored on other ranks are gathered first
+  // (parallel/context_parallel.h; the same bytes).
   std::vector<float> keys(E * ID);
+  std::vector<uint8_t> cp_keys;
+  if (St(s).sharding) {
+    std::vector<PagedRowRef> refs(static_cast<size_t>(E));
+    for (int64_t j = 0; j < E; ++j) refs[j] = {&St(s), j};
+    cp_keys.resize(static_cast<size_t>(E * ID * 2));
+    GatherPagedRows(m_.cp_comm_, StateKind::kIndexKey, St(s).geometry->of(StateKind::kIndexKey).RegionOf(sch.kv_from),
+                    refs.data(), E, cp_keys.data());
+  }
   for (int64_t j = 0; j < E; ++j) {
-    const uint16_t* kr = reinterpret_cast<const uint16_t*>(Row(s, StateKind::kIndexKey, sch.kv_from, j));
+    const uint16_t* kr = St(s).sharding ? reinterpret_cast<const uint16_t*>(cp_keys.data() + j * ID * 2)
+                                        : reinterpret_cast<const uint16_t*>(Row(s, StateKind::kIndexKey, sch.kv_from, j));
     for (int64_t c = 0; c < ID; ++c) {
       uint16_t b;
       std::memcpy(&b, kr + c, 2);
@@ -802,7 +896,7 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
     std::vector<float> score(E), hsum(nh);
     std::vector<int64_t> idx(std::max<int64_t>(K, c_.candidate_topk_blocks));
 #pragma omp for schedule(dynamic)
-    for (int64_t i = 0; i < T; ++i) {
+    for (int64_t i = i0; i < i1; ++i) {
       const int64_t p = qi.start + i;
       const int64_t row = qi.row0 + i;
       const int64_t V = (p + 1) / r;  // visible compressed positions
@@ -858,6 +952,7 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
       sel_[l][row] = std::move(chosen);
     }
   }
+  if (cp_split_) ShareSelections(l, s, is_cand_source);
   if (m_.debug_ && m_.debug_seq_ == s) {
     const int64_t offset = qi.start == 0 ? qi.T : c_.window_size;
     std::vector<int32_t> lists(T * K, -1);
@@ -870,12 +965,72 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
   }
 }
 
+void ForwardPass::ShareSelections(int l, int s, bool cand_source) {
+  // Per row a fixed-size record every rank can size: k_r = min(index_topk,
+  // ⌊(p+1)/ratio⌋) int32 slots (the ascending selection, −1 padded) and, for
+  // a candidate source, the E-byte mask. Rows are split in contiguous
+  // ascending slices, so the AllGatherV output is in row order.
+  DI_CHECK(b_.per_row_layout);  // k_r from the row alone (the engine's layout)
+  const SeqInfo& qi = seq_[s];
+  const int r = c_.layers[l].compress_ratio;
+  const int64_t E = (qi.start + qi.T) / r;
+  Communicator& cp = *m_.cp_comm_;
+  const int N = cp.size();
+  auto kr = [&](int64_t i) { return std::min<int64_t>(c_.index_topk, (qi.start + i + 1) / r); };
+  auto bytes = [&](int64_t i) { return kr(i) * 4 + (cand_source ? E : 0); };
+  std::vector<int64_t> counts(static_cast<size_t>(N), 0);
+  for (int p = 0; p < N; ++p) {
+    const int64_t a = std::clamp<int64_t>(R_ * p / N - qi.row0, 0, qi.T), b = std::clamp<int64_t>(R_ * (p + 1) / N - qi.row0, 0, qi.T);
+    for (int64_t i = a; i < b; ++i) counts[p] += bytes(i);
+  }
+  const int64_t i0 = std::clamp<int64_t>(cp_r0_ - qi.row0, 0, qi.T), i1 = std::clamp<int64_t>(cp_r1_ - qi.row0, 0, qi.T);
+  std::vector<uint8_t> mine, all;
+  mine.reserve(static_cast<size_t>(counts[cp.rank()]));
+  for (int64_t i = i0; i < i1; ++i) {
+    const std::vector<int32_t>& sel = sel_[l][qi.row0 + i];
+    DI_CHECK(static_cast<int64_t>(sel.size()) <= kr(i));
+    std::vector<int32_t> rec(static_cast<size_t>(kr(i)), -1);
+    std::copy(sel.begin(), sel.end(), rec.begin());
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(rec.data());
+    mine.insert(mine.end(), p, p + rec.size() * 4);
+    if (cand_source) {
+      const std::vector<uint8_t>& m = cand_[qi.row0 + i];
+      DI_CHECK(static_cast<int64_t>(m.size()) == E);
+      mine.insert(mine.end(), m.begin(), m.end());
+    }
+  }
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  all.resize(static_cast<size_t>(total));
+  {
+    RegionScope scope(Region::kCollective);
+    cp.AllGatherV(mine.data(), counts, all.data());
+  }
+  int64_t at = 0;
+  for (int64_t i = 0; i < qi.T; ++i) {
+    const int64_t k = kr(i);
+    std::vector<int32_t> rec(static_cast<size_t>(k));
+    std::memcpy(rec.data(), all.data() + at, static_cast<size_t>(k * 4));
+    at += k * 4;
+    std::vector<int32_t>& sel = sel_[l][qi.row0 + i];
+    sel.clear();
+    for (int32_t j : rec)
+      if (j >= 0) sel.push_back(j);
+    if (cand_source) {
+      cand_[qi.row0 + i].assign(all.begin() + at, all.begin() + at + E);
+      at += E;
+    }
+  }
+}
+
 // ------------------------------------------------------------------ MoE
 
-void ForwardPass::Moe(int l, const float* x, float* v) {
+void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64_t r1) {
   RegionScope region(Region::kMoe);
   const MoeWeights& F = w_.layers[l].ffn;
-  const int64_t n = R_, d = c_.dim, I = c_.moe_inter_dim;
+  const int64_t n = r1 - r0, d = c_.dim, I = c_.moe_inter_dim;
+  const float* x = x_all + r0 * d;  // rows [r0, r1) of the step
+  float* v = v_all + r0 * d;
   const int k = c_.n_activated_experts;
   const int ab = c_.act_block_size;
   const float lim = c_.swiglu_limit;
@@ -884,7 +1039,7 @@ void ForwardPass::Moe(int l, const float* x, float* v) {
   std::vector<const float*> bias(n, F.bias.data());  // text tokens: `bias` (bias_vl is for image spans)
   std::optional<RegionScope> router(std::in_place, Region::kRouter);
   Router(x, n, F.gate, bias.data(), k, c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
-              soft_vec_.data(), idx.data(), wts.data());
+              soft_vec_.data() + r0, idx.data(), wts.data());
   router.reset();
   // Routed experts in increasing expert id, FP32 combine (MoE.forward).
   std::vector<float> y(n * d, 0.0f);
@@ -927,7 +1082,7 @@ void ForwardPass::Moe(int l, const float* x, float* v) {
   std::vector<float> sh(n * d);
   swiglu(x, n, nullptr, nullptr, nullptr, &F.shared_w1, &F.shared_w3, &F.shared_w2, nullptr, sh.data());
   for (int64_t i = 0; i < n * d; ++i) v[i] = RoundBf16(y[i] + sh[i]);
-  if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size())) {
+  if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size()) && r0 == 0 && r1 == R_) {
     const SeqInfo& q = seq_[m_.debug_seq_];
     m_.debug_->router_indices[l].assign(idx.begin() + q.row0 * k, idx.begin() + (q.row0 + q.T) * k);
     m_.debug_->router_weights[l].assign(wts.begin() + q.row0 * k, wts.begin() + (q.row0 + q.T) * k);

@@ -71,6 +71,13 @@ struct V41Options {
   // Engram table; every Forward call is then collective (all ranks call it
   // with matching ForwardBatch::exchange). Null or size 1: one process.
   Communicator* comm = nullptr;
+  // Context parallelism (--cp N, docs/parallel.md): the communicator of the
+  // N ranks that run every row together while each stores only its share of
+  // the paged state (views with a PagedSharding, model/state.h). Compressed
+  // KV and index keys are written only where they are stored and read back
+  // through parallel/context_parallel.h, so every Forward call is collective
+  // over it. Null or size 1: no context parallelism.
+  Communicator* context_parallel = nullptr;
   // FP8 numerics (--fp8-format; format/numerics.h Fp8Format): kE4M3Ieee runs
   // the Neuron contract — FP8 weights transformed once at load (weights.h),
   // activations and window-KV QAT quantised to a maximum of 224, the
@@ -192,6 +199,7 @@ class V41Model {
   std::unique_ptr<EngramHasher> engram_;
   std::unique_ptr<Tables> tables_;
   Communicator* comm_ = nullptr;  // null or size 1: one process
+  Communicator* cp_comm_ = nullptr;  // context parallelism (V41Options::context_parallel)
   ExpertShard shard_;
   WeightBytes weight_bytes_;
   DebugRecord* debug_ = nullptr;
