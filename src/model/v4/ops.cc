@@ -1,0 +1,229 @@
+// deepinfer/model/v4/ops.cc — see ops.h.
+#include "model/v4/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "format/numerics.h"
+#include "kernels/ref/ref_math.h"
+
+namespace deepinfer::v4 {
+
+namespace {
+constexpr int kActBlock = 128;
+constexpr int64_t kParallelWork = int64_t{1} << 18;
+int CeilLog2(int64_t n) {
+  int k = 0;
+  while ((int64_t{1} << k) < n) ++k;
+  return k;
+}
+}  // namespace
+
+void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, float* y) {
+  const int64_t K = w.in, N = w.out, nkb = K / kActBlock;
+#pragma omp parallel if(M * N * K > kParallelWork)
+  {
+    std::vector<uint8_t> q(K), sa(nkb);
+    std::vector<double> qd(K);
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; ++m) {
+      QuantizeActE4M3(x + m * K, K, kActBlock, q.data(), sa.data());
+      for (int64_t k = 0; k < K; ++k) qd[k] = E4M3ToFloat(q[k]);
+      for (int64_t n = 0; n < N; ++n) {
+        const uint8_t* wr = w.w + n * K;
+        float acc = 0.0f;
+        for (int64_t kb = 0; kb < nkb; ++kb) {
+          double part = 0.0;
+          for (int64_t k = kb * kActBlock; k < (kb + 1) * kActBlock; ++k) part += qd[k] * E4M3ToFloat(wr[k]);
+          const float sc = E8M0ToFloat(sa[kb]) * E8M0ToFloat(w.scale[(n / kActBlock) * nkb + kb]);
+          acc = acc + static_cast<float>(part) * sc;
+        }
+        y[m * N + n] = RoundBf16(acc);
+      }
+    }
+  }
+}
+
+void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, float* y) {
+  const int64_t K = w.in, N = w.out, nkb = K / kActBlock, ng = K / 32;
+#pragma omp parallel if(M * N * K > kParallelWork)
+  {
+    std::vector<uint8_t> q(K), sa(nkb);
+    std::vector<double> qd(K);
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; ++m) {
+      QuantizeActE4M3(x + m * K, K, kActBlock, q.data(), sa.data());
+      for (int64_t k = 0; k < K; ++k) qd[k] = E4M3ToFloat(q[k]);
+      for (int64_t n = 0; n < N; ++n) {
+        const uint8_t* wr = w.w + n * (K / 2);
+        float acc = 0.0f;
+        for (int64_t g = 0; g < ng; ++g) {
+          double part = 0.0;
+          for (int64_t k = g * 32; k < (g + 1) * 32; ++k) part += qd[k] * E2M1ToFloat(E2M1PackedCode(wr, k));
+          acc = acc + static_cast<float>(part) * E8M0ToFloat(sa[g / 4]) * E8M0ToFloat(w.scale[n * ng + g]);
+        }
+        y[m * N + n] = RoundBf16(acc);
+      }
+    }
+  }
+}
+
+float Exp32(float x) { return static_cast<float>(std::exp(static_cast<double>(x))); }
+
+void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* rows, int64_t list_len,
+                     const float* sink, float softmax_scale, float* out) {
+  constexpr int64_t kChunk = 64;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::vector<double> kv(kChunk * D);
+  std::vector<float> acc_o(D), p(kChunk);
+  std::vector<char> valid(kChunk);
+  for (int h = 0; h < H; ++h) {
+    const float* qh = q + h * D;
+    std::fill(acc_o.begin(), acc_o.end(), 0.0f);
+    float sum_exp = 0.0f, m = ninf;
+    for (int64_t c0 = 0; c0 < list_len; c0 += kChunk) {
+      float acc_s[kChunk];
+      float cmax = ninf;
+      for (int64_t t = 0; t < kChunk; ++t) {
+        const int64_t i = c0 + t;
+        valid[t] = i < list_len && rows[i] != nullptr;
+        if (!valid[t]) {
+          acc_s[t] = ninf;
+          continue;
+        }
+        double dot = 0.0;
+        for (int64_t c = 0; c < D; ++c) {
+          kv[t * D + c] = Bf16ToFloat(rows[i][c]);
+          dot += static_cast<double>(qh[c]) * kv[t * D + c];
+        }
+        acc_s[t] = static_cast<float>(dot) * softmax_scale;
+        cmax = std::max(cmax, acc_s[t]);
+      }
+      const float prev = m;
+      m = std::max(prev, cmax);
+      const float sc = Exp32(prev - m);
+      double psum = 0.0;
+      for (int64_t t = 0; t < kChunk; ++t) {
+        p[t] = Exp32(acc_s[t] - m);
+        psum += p[t];
+      }
+      sum_exp = sum_exp * sc + static_cast<float>(psum);
+      for (int64_t c = 0; c < D; ++c) {
+        double pv = 0.0;
+        for (int64_t t = 0; t < kChunk; ++t)
+          if (valid[t]) pv += static_cast<double>(RoundBf16(p[t])) * kv[t * D + c];
+        acc_o[c] = acc_o[c] * sc;
+        acc_o[c] = acc_o[c] + static_cast<float>(pv);
+      }
+    }
+    sum_exp = sum_exp + Exp32(sink[h] - m);
+    for (int64_t c = 0; c < D; ++c) out[h * D + c] = RoundBf16(acc_o[c] / sum_exp);
+  }
+}
+
+void HcMixes(const float* X, int64_t M, int hc, int64_t d, const float* fn, const float* base, const float* scale,
+             float norm_eps, int sinkhorn_iters, float hc_eps, float* pre, float* post, float* comb) {
+  const int64_t flat = hc * d;
+  const int64_t mix = (2 + hc) * hc;
+  auto sigmoid = [](float v) { return 1.0f / (1.0f + Exp32(-v)); };
+#pragma omp parallel if(M * mix * flat > kParallelWork)
+  {
+    std::vector<float> sq(flat), mixes(mix), rs(hc), cs(hc);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < M; ++r) {
+      const float* f = X + r * flat;
+      for (int64_t i = 0; i < flat; ++i) sq[i] = f[i] * f[i];
+      const float rsq = 1.0f / std::sqrt(ref::TorchSum(sq.data(), flat) / static_cast<float>(flat) + norm_eps);
+      for (int64_t j = 0; j < mix; ++j) {
+        const float* w = fn + j * flat;
+        float acc = 0.0f;
+        for (int64_t i = 0; i < flat; ++i) acc += f[i] * w[i];
+        mixes[j] = acc * rsq;
+      }
+      float* pr = pre + r * hc;
+      float* po = post + r * hc;
+      for (int j = 0; j < hc; ++j) {
+        pr[j] = sigmoid(mixes[j] * scale[0] + base[j]) + hc_eps;
+        po[j] = 2.0f * sigmoid(mixes[hc + j] * scale[1] + base[hc + j]);
+      }
+      float* c = comb + r * hc * hc;
+      for (int j = 0; j < hc * hc; ++j) c[j] = mixes[2 * hc + j] * scale[2] + base[2 * hc + j];
+      for (int j = 0; j < hc; ++j) {
+        float mx = c[j * hc];
+        for (int k = 1; k < hc; ++k) mx = std::max(mx, c[j * hc + k]);
+        for (int k = 0; k < hc; ++k) c[j * hc + k] = Exp32(c[j * hc + k] - mx);
+      }
+      auto row_sums = [&]() {
+        for (int j = 0; j < hc; ++j) {
+          float a = c[j * hc];
+          for (int k = 1; k < hc; ++k) a = a + c[j * hc + k];
+          rs[j] = a;
+        }
+      };
+      auto col_sums = [&]() {
+        for (int k = 0; k < hc; ++k) {
+          float a = c[k];
+          for (int j = 1; j < hc; ++j) a = a + c[j * hc + k];
+          cs[k] = a;
+        }
+      };
+      row_sums();
+      for (int j = 0; j < hc; ++j)
+        for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / rs[j] + hc_eps;
+      col_sums();
+      for (int j = 0; j < hc; ++j)
+        for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
+      for (int it = 0; it < sinkhorn_iters - 1; ++it) {
+        row_sums();
+        for (int j = 0; j < hc; ++j)
+          for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (rs[j] + hc_eps);
+        col_sums();
+        for (int j = 0; j < hc; ++j)
+          for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
+      }
+    }
+  }
+}
+
+void Hadamard(float* x, int64_t n, float scale) {
+  for (int64_t h = 1; h < n; h *= 2)
+    for (int64_t b = 0; b < n; b += 2 * h)
+      for (int64_t i = b; i < b + h; ++i) {
+        const float a = x[i], c = x[i + h];
+        x[i] = a + c;
+        x[i + h] = a - c;
+      }
+  for (int64_t i = 0; i < n; ++i) x[i] = RoundBf16(x[i] * scale);
+}
+
+float OuterSum(const float* v, int64_t n) {
+  constexpr int kLevels = 4;
+  const int64_t level_power = std::max<int64_t>(4, CeilLog2(n) / kLevels);
+  const int64_t level_step = int64_t{1} << level_power;
+  const int64_t level_mask = level_step - 1;
+  float acc[kLevels] = {};
+  int64_t i = 0;
+  for (; i + level_step <= n;) {
+    for (int64_t j = 0; j < level_step; ++j, ++i) acc[0] += v[i];
+    for (int j = 1; j < kLevels; ++j) {
+      acc[j] += acc[j - 1];
+      acc[j - 1] = 0.0f;
+      if ((i & (level_mask << (j * level_power))) != 0) break;
+    }
+  }
+  for (; i < n; ++i) acc[0] += v[i];
+  for (int j = 1; j < kLevels; ++j) acc[0] += acc[j];
+  return acc[0];
+}
+
+void StableTopK(const float* v, int64_t n, int64_t k, int64_t* idx) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return v[a] > v[b]; });
+  for (int64_t j = 0; j < k; ++j) idx[j] = order[j];
+}
+
+}  // namespace deepinfer::v4
