@@ -139,20 +139,18 @@ TEST_F(V4Golden, DebugPromptLayerByLayer) {
     EXPECT_EQ(G.router_indices, ri) << at << "router indices";
     EXPECT_EQ(DiffReport(G.router_weights, rw), "") << at << "router weights";
     // State after the prefill.
-    const V4State::Layer& S = st.layers[l];
-    EXPECT_EQ(DiffReport(S.window, file(L["window_kv_slots"])), "") << at << "window ring";
+    const SequenceStateView S = st.view();
+    EXPECT_EQ(DiffReport(model_->WindowRows(S, l), file(L["window_kv_slots"])), "") << at << "window ring";
     const int r = c.compress_ratios[l];
     if (r > 0) {
-      const std::vector<float> want = file(L["compressed_kv"]);
-      const std::vector<float> got(S.ckv.begin(), S.ckv.begin() + want.size());
-      EXPECT_EQ(DiffReport(got, want), "") << at << "compressed kv";
-      EXPECT_EQ(DiffReport(S.kv_state, file(L["compressor_state_kv"])), "") << at << "compressor kv state";
-      EXPECT_EQ(DiffReport(S.score_state, file(L["compressor_state_score"])), "") << at << "compressor score state";
+      EXPECT_EQ(DiffReport(model_->CompressedRows(S, l, T / r), file(L["compressed_kv"])), "") << at << "compressed kv";
+      EXPECT_EQ(DiffReport(model_->CarryRows(S, l, false, false), file(L["compressor_state_kv"])), "")
+          << at << "compressor kv state";
+      EXPECT_EQ(DiffReport(model_->CarryRows(S, l, false, true), file(L["compressor_state_score"])), "")
+          << at << "compressor score state";
     }
     if (r == 4) {
-      const std::vector<float> want = file(L["indexer_keys"]);
-      const std::vector<float> got(S.ikeys.begin(), S.ikeys.begin() + want.size());
-      EXPECT_EQ(DiffReport(got, want), "") << at << "indexer keys";
+      EXPECT_EQ(DiffReport(model_->IndexKeyRows(S, l, T / r), file(L["indexer_keys"])), "") << at << "indexer keys";
       std::vector<int32_t> tk;
       for (const auto& row : L["indexer_topk"])
         for (const auto& v : row) tk.push_back(v.get<int32_t>());

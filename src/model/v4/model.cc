@@ -15,6 +15,7 @@
 #include "kernels/ref/ref_math.h"
 #include "kernels/ref/ref_ops.h"
 #include "model/v4/ops.h"
+#include "model/state.h"
 
 namespace deepinfer::v4 {
 
@@ -267,89 +268,112 @@ std::unique_ptr<V4Model> V4Model::Load(const std::filesystem::path& model_dir) {
   return m;
 }
 
-V4State V4Model::NewState(int64_t max_len) const {
-  const ModelConfig& c = cfg_;
-  V4State st;
-  st.max_len = max_len;
-  const int nb = c.n_layers + c.n_mtp_layers;
-  st.layers.resize(nb);
-  for (int l = 0; l < nb; ++l) {
-    V4State::Layer& L = st.layers[l];
-    L.window.assign(static_cast<size_t>(c.window_size * c.head_dim), 0.0f);
-    const int r = c.compress_ratios[l];
-    if (r == 0) continue;
-    const int coff = r == 4 ? 2 : 1;
-    L.ckv.assign(static_cast<size_t>((max_len / r) * c.head_dim), 0.0f);
-    L.kv_state.assign(static_cast<size_t>(coff * r * coff * c.head_dim), 0.0f);
-    L.score_state.assign(L.kv_state.size(), kNegInf);
-    if (r == 4) {
-      L.ikeys.assign(static_cast<size_t>((max_len / r) * c.index_head_dim), 0.0f);
-      L.ikv_state.assign(static_cast<size_t>(coff * r * coff * c.index_head_dim), 0.0f);
-      L.iscore_state.assign(L.ikv_state.size(), kNegInf);
-    }
-  }
-  return st;
-}
-
 // ---------------------------------------------------------------------------
-// One call (prefill at start 0 or a one-token decode) through a list of blocks.
+// One Forward call: all rows of all sequences layer by layer; row-wise
+// operators over every row, attention / compressor / indexer per sequence on
+// its own rows and state. Nothing reads another sequence's rows.
+
+namespace {
+void ToBf16Row(const float* x, int64_t n, uint8_t* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t b = FloatToBf16(x[i]);
+    std::memcpy(dst + 2 * i, &b, 2);
+  }
+}
+void FromBf16Row(const uint8_t* src, int64_t n, uint16_t* out) { std::memcpy(out, src, static_cast<size_t>(n) * 2); }
+}  // namespace
 
 class Pass {
  public:
-  Pass(const V4Model& m, int64_t T, int64_t start, const int32_t* ids)
-      : c_(m.cfg_), w_(*m.w_), ropes_(*m.ropes_), T_(T), start_(start), ids_(ids) {}
+  Pass(const V4Model& m, const std::vector<V4Seq>& seqs, bool per_row)
+      : c_(m.cfg_), w_(*m.w_), ropes_(*m.ropes_), seqs_(seqs), per_row_(per_row) {
+    for (const V4Seq& q : seqs) {
+      info_.push_back({R_, q.len, q.start_pos});
+      R_ += q.len;
+    }
+    for (size_t s = 0; s < seqs.size(); ++s)
+      for (int64_t i = 0; i < seqs[s].len; ++i) {
+        row_seq_.push_back(static_cast<int>(s));
+        row_pos_.push_back(seqs[s].start_pos + i);
+        row_tok_.push_back(seqs[s].tokens[i]);
+      }
+  }
+  int64_t rows() const { return R_; }
 
-  // Block.forward: X [T, hc, d] in place.
-  void Block(int l, float* X, V4State::Layer& st, V4Debug::Layer* dbg);
-  // ParallelHead.forward on the last row: hc_head, norm, FP32 head.
+  // Block.forward: X [R, hc, d] in place.
+  void Block(int l, float* X, V4Debug::Layer* dbg);
+  // ParallelHead.forward on the rows that return logits: hc_head, norm, FP32 head.
   std::vector<float> Head(const float* X, const HcHeadW& hh, const std::vector<uint16_t>& norm) const;
 
  private:
-  void Attention(int l, const float* x, float* v, V4State::Layer& st, V4Debug::Layer* dbg);
-  // Compressor.forward: returns the entries it emits in this call ([n, hd]) and their ids.
-  void Compressor(const CompressorW& W, int r, bool rotate, const float* x, std::vector<float>& kv_state,
-                  std::vector<float>& score_state, std::vector<float>& cache, int64_t hd);
-  // Indexer.forward: per row, the selected compressed positions in top-k order (−1 = absent).
-  void Indexer(int l, const float* x, const float* qr, V4State::Layer& st, std::vector<int64_t>* sel, int64_t* K);
+  struct Info {
+    int64_t row0 = 0, T = 0, start = 0;
+  };
+  // The reference's prefill layout for this sequence's chunk (else decode / per-row).
+  bool RefPrefill(int s) const { return !per_row_ && info_[s].start == 0; }
+
+  void Attention(int l, const float* x, float* v, V4Debug::Layer* dbg);
+  void Compressor(int l, int s, const CompressorW& W, bool indexer, const float* x);
+  void Indexer(int l, int s, const float* x, const float* qr, std::vector<std::vector<int64_t>>* sel, V4Debug::Layer* dbg);
   void Moe(int l, const float* x, float* v, V4Debug::Layer* dbg);
+
+  // State rows (memcpy in and out: the pool's alignment is the caller's business).
+  const SequenceStateView& St(int s) const { return seqs_[s].state; }
+  uint8_t* Row(int s, StateKind k, int l, int64_t row) const {
+    const StateKindGeometry& kg = St(s).geometry->of(k);
+    const int region = kg.RegionOf(l);
+    DI_CHECK(region >= 0);
+    if (k == StateKind::kCompressedKv) {
+      const int r = c_.compress_ratios[l];
+      const int64_t bs = St(s).geometry->block_size;
+      if (kg.regions[region].rows_per_block == 1 && r > bs) row *= r / bs;  // entry j lives in the block of token r·j
+    }
+    return St(s).Row(k, region, row);
+  }
 
   const ModelConfig& c_;
   const Weights& w_;
   const Ropes& ropes_;
-  const int64_t T_, start_;
-  const int32_t* ids_;
+  const std::vector<V4Seq>& seqs_;
+  const bool per_row_;
+  int64_t R_ = 0;
+  std::vector<Info> info_;
+  std::vector<int> row_seq_;
+  std::vector<int64_t> row_pos_;
+  std::vector<int32_t> row_tok_;
 };
 
 // Block.forward: hc_pre → norm → attention → hc_post, hc_pre → norm → MoE → hc_post.
-void Pass::Block(int l, float* X, V4State::Layer& st, V4Debug::Layer* dbg) {
+void Pass::Block(int l, float* X, V4Debug::Layer* dbg) {
   const BlockW& B = w_.blocks[l];
   const int hc = c_.hc_mult;
-  const int64_t d = c_.dim, n = T_;
+  const int64_t d = c_.dim, n = R_;
   std::vector<float> pre(n * hc), post(n * hc), comb(n * hc * hc), x(n * d), v(n * d), X2(n * hc * d);
   const std::vector<uint16_t>* norms[2] = {&B.attn_norm, &B.ffn_norm};
+  const int64_t T0 = info_.empty() ? 0 : info_[0].T;
   for (int site = 0; site < 2; ++site) {
     HcMixes(X, n, hc, d, B.hc_fn[site].data(), B.hc_base[site].data(), B.hc_scale[site].data(), c_.norm_eps,
             c_.hc_sinkhorn_iters, c_.hc_eps, pre.data(), post.data(), comb.data());
     ref::HcCollapse(X, pre.data(), n, hc, d, x.data());
     ref::RmsNorm(x.data(), n, d, norms[site]->data(), c_.norm_eps, x.data());
-    if (site == 0) Attention(l, x.data(), v.data(), st, dbg);
+    if (site == 0) Attention(l, x.data(), v.data(), dbg);
     else Moe(l, x.data(), v.data(), dbg);
     ref::HcExpand(v.data(), X, post.data(), comb.data(), n, hc, d, X2.data());
     std::memcpy(X, X2.data(), X2.size() * sizeof(float));
     if (dbg) {
-      dbg->hc_pre[site] = pre;
-      dbg->hc_post[site] = post;
-      dbg->hc_comb[site] = comb;
-      (site == 0 ? dbg->attn_out : dbg->ffn_out) = v;
+      dbg->hc_pre[site].assign(pre.begin(), pre.begin() + T0 * hc);
+      dbg->hc_post[site].assign(post.begin(), post.begin() + T0 * hc);
+      dbg->hc_comb[site].assign(comb.begin(), comb.begin() + T0 * hc * hc);
+      (site == 0 ? dbg->attn_out : dbg->ffn_out).assign(v.begin(), v.begin() + T0 * d);
     }
   }
-  if (dbg) dbg->out_streams.assign(X, X + n * hc * d);
+  if (dbg) dbg->out_streams.assign(X, X + T0 * hc * d);
 }
 
 // Attention.forward.
-void Pass::Attention(int l, const float* x, float* v, V4State::Layer& st, V4Debug::Layer* dbg) {
+void Pass::Attention(int l, const float* x, float* v, V4Debug::Layer* dbg) {
   const AttentionW& A = w_.blocks[l].attn;
-  const int64_t n = T_, H = c_.n_heads, D = c_.head_dim, rd = c_.rope_head_dim, win = c_.window_size;
+  const int64_t n = R_, H = c_.n_heads, D = c_.head_dim, rd = c_.rope_head_dim, win = c_.window_size;
   const int ratio = c_.compress_ratios[l];
   const ref::RopeTable& rope = ropes_.For(ratio);
   // q: q_norm(wq_a(x)) (also the indexer's input), wq_b, the per-head RMS scale in BF16 tensor ops
@@ -365,75 +389,62 @@ void Pass::Attention(int l, const float* x, float* v, V4State::Layer& st, V4Debu
       const float mean = RoundBf16(ref::TorchSum(sq.data(), D) / static_cast<float>(D));
       const float rs = RoundBf16(1.0f / std::sqrt(RoundBf16(mean + c_.norm_eps)));
       for (int64_t i = 0; i < D; ++i) qh[i] = RoundBf16(qh[i] * rs);
-      rope.Apply(qh + D - rd, start_ + r, false);
+      rope.Apply(qh + D - rd, row_pos_[r], false);
     }
   // Window K (= V): kv_norm(wkv(x)), RoPE, FP8 QDQ in blocks of 64 on the nope dims.
   std::vector<float> kv(n * D);
   LinearFp8(x, n, A.wkv, kv.data());
   ref::RmsNorm(kv.data(), n, D, A.kv_norm.data(), c_.norm_eps, kv.data());
   for (int64_t r = 0; r < n; ++r) {
-    rope.Apply(kv.data() + r * D + D - rd, start_ + r, false);
+    rope.Apply(kv.data() + r * D + D - rd, row_pos_[r], false);
     Fp8QdqInPlace(kv.data() + r * D, D - rd, 64);
   }
-  // Compressed branch: the indexer selects (C4), the compressor emits new entries.
-  std::vector<int64_t> sel;
-  int64_t K = 0;
-  if (ratio == 4) {
-    Indexer(l, x, qr.data(), st, &sel, &K);
-    if (dbg) {  // as Indexer.forward returns them: offset by the window part's length, −1 = absent
-      const int64_t offset = start_ == 0 ? n : win;
-      dbg->indexer_k = static_cast<int>(K);
-      dbg->indexer_topk.resize(sel.size());
-      for (size_t i = 0; i < sel.size(); ++i)
-        dbg->indexer_topk[i] = sel[i] < 0 ? -1 : static_cast<int32_t>(sel[i] + offset);
-    }
-  }
-  // Window ring (prefill: the last `win` positions, slot = position mod win).
-  const bool prefill = start_ == 0;
-  if (prefill) {
-    for (int64_t i = std::max<int64_t>(0, n - win); i < n; ++i)
-      std::memcpy(st.window.data() + (i % win) * D, kv.data() + i * D, D * sizeof(float));
-  } else {
-    std::memcpy(st.window.data() + (start_ % win) * D, kv.data(), D * sizeof(float));
-  }
-  if (ratio > 0) Compressor(A.comp, ratio, false, x, st.kv_state, st.score_state, st.ckv, D);
-  // Candidate lists (get_window_topk_idxs + compressed part), then sparse attention.
-  std::vector<uint16_t> kvb(n * D), ringb(win * D);
+  std::vector<uint16_t> kvb(n * D);
   for (int64_t i = 0; i < n * D; ++i) kvb[i] = FloatToBf16(kv[i]);
-  for (int64_t i = 0; i < win * D; ++i) ringb[i] = FloatToBf16(st.window[i]);
-  const int64_t E_all = (start_ + n) / std::max(ratio, 1);
-  std::vector<uint16_t> ckvb(ratio > 0 ? E_all * D : 0);
-  for (size_t i = 0; i < ckvb.size(); ++i) ckvb[i] = FloatToBf16(st.ckv[i]);
+  // Compressed branch per sequence: the indexer selects (C4), the compressor emits entries.
+  const int S = static_cast<int>(seqs_.size());
+  std::vector<std::vector<int64_t>> sel(n);
+  for (int s = 0; s < S; ++s) {
+    if (ratio == 4) Indexer(l, s, x, qr.data(), &sel, s == 0 ? dbg : nullptr);
+    if (ratio > 0) Compressor(l, s, A.comp, false, x);
+  }
+  // Sparse attention with sink over the candidate list (get_window_topk_idxs + compressed part).
   std::vector<float> o(n * H * D);
   const float scale = static_cast<float>(std::pow(static_cast<double>(D), -0.5));
-  std::vector<const uint16_t*> rows;
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t p = start_ + r;
-    rows.clear();
-    if (prefill) {
-      const int64_t W = std::min(n, win);
-      const int64_t first = std::max<int64_t>(0, p - win + 1);
-      for (int64_t qp = first; qp <= p; ++qp) rows.push_back(kvb.data() + qp * D);
-      rows.resize(W, nullptr);
-    } else {
-      const int64_t first = std::max<int64_t>(0, p - win + 1);
-      for (int64_t qp = first; qp <= p; ++qp) rows.push_back(ringb.data() + (qp % win) * D);
-      rows.resize(win, nullptr);
+  for (int s = 0; s < S; ++s) {
+    const Info& qi = info_[s];
+    const bool pre = RefPrefill(s);
+    // Ring positions before the chunk, and the compressed entries visible to the chunk.
+    std::vector<uint16_t> ring(win * D), ckv;
+    for (int64_t p = std::max<int64_t>(0, qi.start - win); p < qi.start; ++p)
+      FromBf16Row(Row(s, StateKind::kWindow, l, p % win), D, ring.data() + (p % win) * D);
+    if (ratio > 0) {
+      const int64_t E = (qi.start + qi.T) / ratio;
+      ckv.resize(E * D);
+      for (int64_t j = 0; j < E; ++j) FromBf16Row(Row(s, StateKind::kCompressedKv, l, j), D, ckv.data() + j * D);
     }
-    if (ratio == 128) {
-      const int64_t width = prefill ? n / ratio : (p + 1) / ratio;
-      const int64_t vis = (p + 1) / ratio;
-      for (int64_t j = 0; j < width; ++j) rows.push_back(j < vis ? ckvb.data() + j * D : nullptr);
-    } else if (ratio == 4) {
-      for (int64_t t = 0; t < K; ++t) {
-        const int64_t j = sel[r * K + t];
-        rows.push_back(j >= 0 ? ckvb.data() + j * D : nullptr);
+    std::vector<const uint16_t*> rows;
+    for (int64_t i = 0; i < qi.T; ++i) {
+      const int64_t r = qi.row0 + i, p = qi.start + i;
+      rows.clear();
+      const int64_t first = std::max<int64_t>(0, p - win + 1);
+      for (int64_t qp = first; qp <= p; ++qp)
+        rows.push_back(qp >= qi.start ? kvb.data() + (qi.row0 + qp - qi.start) * D : ring.data() + (qp % win) * D);
+      rows.resize(pre ? std::min(qi.T, win) : win, nullptr);
+      if (ratio == 128) {
+        const int64_t vis = (p + 1) / ratio, width = pre ? qi.T / ratio : vis;
+        for (int64_t j = 0; j < width; ++j) rows.push_back(j < vis ? ckv.data() + j * D : nullptr);
+      } else if (ratio == 4) {
+        for (int64_t j : sel[r]) rows.push_back(j >= 0 ? ckv.data() + j * D : nullptr);
       }
+      float* orow = o.data() + r * H * D;
+      SparseAttention(q.data() + r * H * D, static_cast<int>(H), D, rows.data(), static_cast<int64_t>(rows.size()),
+                      A.sink.data(), scale, orow);
+      for (int64_t h = 0; h < H; ++h) rope.Apply(orow + h * D + D - rd, p, true);
     }
-    float* orow = o.data() + r * H * D;
-    SparseAttention(q.data() + r * H * D, static_cast<int>(H), D, rows.data(), static_cast<int64_t>(rows.size()),
-                    A.sink.data(), scale, orow);
-    for (int64_t h = 0; h < H; ++h) rope.Apply(orow + h * D + D - rd, p, true);
+    // Window ring: the chunk's last `win` positions into slot p mod win.
+    for (int64_t i = std::max<int64_t>(0, qi.T - win); i < qi.T; ++i)
+      ToBf16Row(kv.data() + (qi.row0 + i) * D, D, Row(s, StateKind::kWindow, l, (qi.start + i) % win));
   }
   // Grouped BF16 wo_a, then FP8 wo_b.
   std::vector<float> z(n * c_.o_groups * c_.o_lora_rank);
@@ -442,175 +453,147 @@ void Pass::Attention(int l, const float* x, float* v, V4State::Layer& st, V4Debu
   LinearFp8(z.data(), n, A.wo_b, v);
 }
 
-// Compressor.forward (model-spec §3.2.4): FP32 a = x·wkvᵀ, g = x·wgateᵀ + ape;
-// softmax over each group's slots per channel (overlap: the previous group's
-// first halves and this group's second halves), weighted sum, BF16, norm,
-// RoPE at r·j, then FP8 QDQ (attention) or Hadamard + FP4 QDQ (indexer).
-void Pass::Compressor(const CompressorW& W, int r, bool rotate, const float* x, std::vector<float>& kv_state,
-                      std::vector<float>& score_state, std::vector<float>& cache, int64_t hd) {
-  const int64_t n = T_, rd = c_.rope_head_dim;
-  const bool overlap = r == 4;
-  const int coff = overlap ? 2 : 1;
-  const int64_t wdt = coff * hd;
-  std::vector<float> a(n * wdt), g(n * wdt);
-  ref::LinearF32Bf16W(x, n, W.wkv.view(), a.data());
-  ref::LinearF32Bf16W(x, n, W.wgate.view(), g.data());
-  // Pooling of one entry from 2r (overlap) or r slots: av/gv per slot, per channel.
-  auto pool = [&](const std::vector<const float*>& av, const std::vector<const float*>& gv, float* out) {
-    const size_t S = av.size();
-    std::vector<float> e(S), prod(S);
-    for (int64_t ch = 0; ch < hd; ++ch) {
-      float mx = gv[0][ch];
-      for (size_t t = 1; t < S; ++t) mx = std::max(mx, gv[t][ch]);
-      float sum = 0.0f;
-      for (size_t t = 0; t < S; ++t) {
-        e[t] = ref::SleefExpf(gv[t][ch] - mx);
-        sum += e[t];
-      }
-      for (size_t t = 0; t < S; ++t) prod[t] = av[t][ch] * (e[t] / sum);
-      out[ch] = RoundBf16(OuterSum(prod.data(), static_cast<int64_t>(S)));
-    }
-  };
-  std::vector<float> zero(hd, 0.0f), ninf(hd, kNegInf);
-  std::vector<int64_t> js;
-  std::vector<float> ent;
-  if (start_ == 0) {
-    const int64_t rem = n % r, cutoff = n - rem, groups = cutoff / r;
-    std::vector<float> gs(n * wdt);  // score + ape
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t ch = 0; ch < wdt; ++ch) gs[i * wdt + ch] = g[i * wdt + ch] + W.ape[(i % r) * wdt + ch];
-    if (overlap && cutoff >= r)
-      for (int64_t t = 0; t < r; ++t) {
-        std::memcpy(kv_state.data() + t * wdt, a.data() + (cutoff - r + t) * wdt, wdt * sizeof(float));
-        std::memcpy(score_state.data() + t * wdt, gs.data() + (cutoff - r + t) * wdt, wdt * sizeof(float));
-      }
-    const int64_t off = overlap ? r : 0;
-    for (int64_t t = 0; t < rem; ++t) {
-      std::memcpy(kv_state.data() + (off + t) * wdt, a.data() + (cutoff + t) * wdt, wdt * sizeof(float));
-      std::memcpy(score_state.data() + (off + t) * wdt, gs.data() + (cutoff + t) * wdt, wdt * sizeof(float));
-    }
-    ent.resize(groups * hd);
-    std::vector<const float*> av, gv;
-    for (int64_t j = 0; j < groups; ++j) {
-      av.clear();
-      gv.clear();
-      if (overlap) {
-        for (int64_t t = 0; t < r; ++t) {
-          if (j == 0) {
-            av.push_back(zero.data());
-            gv.push_back(ninf.data());
-          } else {
-            av.push_back(a.data() + ((j - 1) * r + t) * wdt);
-            gv.push_back(gs.data() + ((j - 1) * r + t) * wdt);
-          }
-        }
-        for (int64_t t = 0; t < r; ++t) {
-          av.push_back(a.data() + (j * r + t) * wdt + hd);
-          gv.push_back(gs.data() + (j * r + t) * wdt + hd);
-        }
-      } else {
-        for (int64_t t = 0; t < r; ++t) {
-          av.push_back(a.data() + (j * r + t) * wdt);
-          gv.push_back(gs.data() + (j * r + t) * wdt);
-        }
-      }
-      pool(av, gv, ent.data() + j * hd);
-      js.push_back(j);
-    }
+// Compressor.forward (model-spec §3.2.4), one token at a time as the
+// reference's decode does (the prefill's batched form computes the same
+// values): a = x·wkvᵀ, g = x·wgateᵀ + ape[p mod r] (FP32) into the carry;
+// when token r·j + r − 1 is in, entry j pools per channel the softmax over
+// the group's slots (overlap: the previous group's first halves and this
+// group's second halves), BF16, norm, RoPE at r·j, then FP8 QDQ (attention)
+// or Hadamard + FP4 QDQ (indexer). After an emission the consumed slots are
+// cleared to (0, −∞), so the carry equals the reference prefill's. A chunk at
+// start_pos 0 starts from the fresh carry (kv 0, score −∞).
+void Pass::Compressor(int l, int s, const CompressorW& W, bool indexer, const float* x) {
+  const Info& qi = info_[s];
+  const int r = W.ratio, coff = W.coff;
+  const int64_t hd = W.hd, wdt = coff * hd, rd = c_.rope_head_dim, nslot = coff * r;
+  std::vector<float> a(qi.T * wdt), g(qi.T * wdt);
+  ref::LinearF32Bf16W(x + qi.row0 * c_.dim, qi.T, W.wkv.view(), a.data());
+  ref::LinearF32Bf16W(x + qi.row0 * c_.dim, qi.T, W.wgate.view(), g.data());
+  // Carry rows: kv then score, nslot rows of wdt floats each (attention rows first, the indexer's after them).
+  const int64_t base = indexer ? 2 * nslot : 0;
+  std::vector<float> kvs(nslot * wdt), scs(nslot * wdt);
+  if (qi.start == 0) {
+    std::fill(kvs.begin(), kvs.end(), 0.0f);
+    std::fill(scs.begin(), scs.end(), kNegInf);
   } else {
-    const int64_t p = start_;
-    const int64_t slot = (overlap ? r : 0) + p % r;
-    for (int64_t ch = 0; ch < wdt; ++ch) {
-      kv_state[slot * wdt + ch] = a[ch];
-      score_state[slot * wdt + ch] = g[ch] + W.ape[(p % r) * wdt + ch];
-    }
-    if ((p + 1) % r != 0) return;
-    std::vector<const float*> av, gv;
-    if (overlap) {
-      for (int64_t t = 0; t < r; ++t) {
-        av.push_back(kv_state.data() + t * wdt);
-        gv.push_back(score_state.data() + t * wdt);
-      }
-      for (int64_t t = r; t < 2 * r; ++t) {
-        av.push_back(kv_state.data() + t * wdt + hd);
-        gv.push_back(score_state.data() + t * wdt + hd);
-      }
-    } else {
-      for (int64_t t = 0; t < r; ++t) {
-        av.push_back(kv_state.data() + t * wdt);
-        gv.push_back(score_state.data() + t * wdt);
-      }
-    }
-    ent.resize(hd);
-    pool(av, gv, ent.data());
-    js.push_back(p / r);
-    if (overlap) {
-      std::memcpy(kv_state.data(), kv_state.data() + r * wdt, r * wdt * sizeof(float));
-      std::memcpy(score_state.data(), score_state.data() + r * wdt, r * wdt * sizeof(float));
+    for (int64_t t = 0; t < nslot; ++t) {
+      std::memcpy(kvs.data() + t * wdt, Row(s, StateKind::kCompressorCarry, l, base + t), wdt * 4);
+      std::memcpy(scs.data() + t * wdt, Row(s, StateKind::kCompressorCarry, l, base + nslot + t), wdt * 4);
     }
   }
   const ref::RopeTable& rope = ropes_.For(r);
-  for (size_t i = 0; i < js.size(); ++i) {
-    float* e = ent.data() + i * hd;
-    ref::RmsNorm(e, 1, hd, W.norm.data(), c_.norm_eps, e);
-    rope.Apply(e + hd - rd, js[i] * r, false);
-    if (rotate) {
-      Hadamard(e, hd, static_cast<float>(std::pow(static_cast<double>(hd), -0.5)));
-      Fp4QdqUe8m0InPlace(e, hd, 32);
-    } else {
-      Fp8QdqInPlace(e, hd - rd, 64);
+  std::vector<float> e(nslot), prod(nslot), ent(hd);
+  for (int64_t i = 0; i < qi.T; ++i) {
+    const int64_t p = qi.start + i;
+    const int64_t slot = (coff == 2 ? r : 0) + p % r;
+    for (int64_t ch = 0; ch < wdt; ++ch) {
+      kvs[slot * wdt + ch] = a[i * wdt + ch];
+      scs[slot * wdt + ch] = g[i * wdt + ch] + W.ape[(p % r) * wdt + ch];
     }
-    std::memcpy(cache.data() + js[i] * hd, e, hd * sizeof(float));
+    if ((p + 1) % r != 0) continue;
+    // Slots: overlap → rows 0..r−1 first halves, rows r..2r−1 second halves; else rows 0..r−1.
+    for (int64_t ch = 0; ch < hd; ++ch) {
+      auto kvat = [&](int64_t t) { return coff == 2 ? kvs[t * wdt + (t < r ? 0 : hd) + ch] : kvs[t * wdt + ch]; };
+      auto scat = [&](int64_t t) { return coff == 2 ? scs[t * wdt + (t < r ? 0 : hd) + ch] : scs[t * wdt + ch]; };
+      float mx = scat(0);
+      for (int64_t t = 1; t < nslot; ++t) mx = std::max(mx, scat(t));
+      float sum = 0.0f;
+      for (int64_t t = 0; t < nslot; ++t) {
+        e[t] = ref::SleefExpf(scat(t) - mx);
+        sum += e[t];
+      }
+      for (int64_t t = 0; t < nslot; ++t) prod[t] = kvat(t) * (e[t] / sum);
+      ent[ch] = RoundBf16(OuterSum(prod.data(), nslot));
+    }
+    if (coff == 2) {
+      std::memcpy(kvs.data(), kvs.data() + r * wdt, r * wdt * 4);
+      std::memcpy(scs.data(), scs.data() + r * wdt, r * wdt * 4);
+    }
+    std::fill(kvs.begin() + (nslot - r) * wdt, kvs.end(), 0.0f);
+    std::fill(scs.begin() + (nslot - r) * wdt, scs.end(), kNegInf);
+    const int64_t j = p / r;
+    ref::RmsNorm(ent.data(), 1, hd, W.norm.data(), c_.norm_eps, ent.data());
+    rope.Apply(ent.data() + hd - rd, j * r, false);
+    if (indexer) {
+      Hadamard(ent.data(), hd, static_cast<float>(std::pow(static_cast<double>(hd), -0.5)));
+      Fp4QdqUe8m0InPlace(ent.data(), hd, 32);
+      ToBf16Row(ent.data(), hd, Row(s, StateKind::kIndexKey, l, j));
+    } else {
+      Fp8QdqInPlace(ent.data(), hd - rd, 64);
+      ToBf16Row(ent.data(), hd, Row(s, StateKind::kCompressedKv, l, j));
+    }
+  }
+  for (int64_t t = 0; t < nslot; ++t) {
+    std::memcpy(Row(s, StateKind::kCompressorCarry, l, base + t), kvs.data() + t * wdt, wdt * 4);
+    std::memcpy(Row(s, StateKind::kCompressorCarry, l, base + nslot + t), scs.data() + t * wdt, wdt * 4);
   }
 }
 
-// Indexer.forward (model-spec §3.2.5).
-void Pass::Indexer(int l, const float* x, const float* qr, V4State::Layer& st, std::vector<int64_t>* sel,
-                   int64_t* Kout) {
+// Indexer.forward (model-spec §3.2.5): per row the selected compressed
+// positions; reference prefill layout: min(topk, E) entries over all E of the
+// chunk, invisible ones −1; per-row layout: min(topk, visible) entries.
+void Pass::Indexer(int l, int s, const float* x, const float* qr, std::vector<std::vector<int64_t>>* sel,
+                   V4Debug::Layer* dbg) {
   const AttentionW& A = w_.blocks[l].attn;
-  const int64_t n = T_, nh = c_.index_n_heads, ID = c_.index_head_dim, rd = c_.rope_head_dim, d = c_.dim;
+  const Info& qi = info_[s];
+  const int64_t n = qi.T, nh = c_.index_n_heads, ID = c_.index_head_dim, rd = c_.rope_head_dim;
   const int r = 4;
   const ref::RopeTable& rope = ropes_.For(r);
   std::vector<float> qI(n * nh * ID);
-  LinearFp8(qr, n, A.idx_wq_b, qI.data());
+  LinearFp8(qr + qi.row0 * c_.q_lora_rank, n, A.idx_wq_b, qI.data());
   const float hscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5));
   for (int64_t i = 0; i < n; ++i)
     for (int64_t h = 0; h < nh; ++h) {
       float* qh = qI.data() + (i * nh + h) * ID;
-      rope.Apply(qh + ID - rd, start_ + i, false);
+      rope.Apply(qh + ID - rd, qi.start + i, false);
       Hadamard(qh, ID, hscale);
       Fp4QdqUe8m0InPlace(qh, ID, 32);
     }
-  Compressor(A.idx_comp, r, true, x, st.ikv_state, st.iscore_state, st.ikeys, ID);
+  Compressor(l, s, A.idx_comp, true, x);
   std::vector<float> wts(n * nh);
-  ref::LinearBf16(x, n, A.idx_wproj.view(), wts.data());
+  ref::LinearBf16(x + qi.row0 * c_.dim, n, A.idx_wproj.view(), wts.data());
   const float wscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5) *
                                           std::pow(static_cast<double>(nh), -0.5));
-  for (auto& v : wts) v = RoundBf16(v * wscale);
-  const int64_t end = start_ + n, E = end / r;
-  const int64_t K = std::min<int64_t>(c_.index_topk, E);
-  *Kout = K;
-  sel->assign(static_cast<size_t>(n * K), -1);
-  if (K == 0) return;
+  for (auto& w : wts) w = RoundBf16(w * wscale);
+  const int64_t E = (qi.start + n) / r;
+  std::vector<float> keys(E * ID);
+  std::vector<uint16_t> kb(ID);
+  for (int64_t j = 0; j < E; ++j) {
+    FromBf16Row(Row(s, StateKind::kIndexKey, l, j), ID, kb.data());
+    for (int64_t c = 0; c < ID; ++c) keys[j * ID + c] = Bf16ToFloat(kb[c]);
+  }
+  const bool pre = RefPrefill(s);
+  const int64_t Kpre = std::min<int64_t>(c_.index_topk, E);
   std::vector<float> score(E);
-  std::vector<int64_t> idx(K);
+  std::vector<int64_t> idx(std::max<int64_t>(Kpre, 1));
+  if (dbg) {
+    dbg->indexer_k = static_cast<int>(Kpre);
+    dbg->indexer_topk.assign(static_cast<size_t>(n * Kpre), -1);
+  }
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t p = start_ + i, vis = (p + 1) / r;
+    const int64_t p = qi.start + i, vis = (p + 1) / r;
+    const int64_t Er = pre ? E : vis;
+    const int64_t K = std::min<int64_t>(c_.index_topk, Er);
+    std::vector<int64_t>& out = (*sel)[qi.row0 + i];
+    out.clear();
+    if (K == 0) continue;
     const float* qrow = qI.data() + i * nh * ID;
-    for (int64_t j = 0; j < E; ++j) {
+    for (int64_t j = 0; j < Er; ++j) {
       float acc = 0.0f;
       for (int64_t h = 0; h < nh; ++h) {
         const float* qh = qrow + h * ID;
-        const float* kj = st.ikeys.data() + j * ID;
+        const float* kj = keys.data() + j * ID;
         float dot = 0.0f;
         for (int64_t c = 0; c < ID; ++c) dot += qh[c] * kj[c];
         acc += RoundBf16(std::max(RoundBf16(dot), 0.0f) * wts[i * nh + h]);
       }
-      score[j] = RoundBf16(acc);
-      if (start_ == 0 && j >= vis) score[j] = kNegInf;
+      score[j] = j < vis ? RoundBf16(acc) : kNegInf;
     }
-    StableTopK(score.data(), E, K, idx.data());
-    for (int64_t t = 0; t < K; ++t) (*sel)[i * K + t] = (start_ == 0 && idx[t] >= vis) ? -1 : idx[t];
+    StableTopK(score.data(), Er, K, idx.data());
+    for (int64_t t = 0; t < K; ++t) out.push_back(idx[t] < vis ? idx[t] : -1);
+    if (dbg && pre)  // as Indexer.forward returns them: offset by the chunk length, −1 = absent
+      for (int64_t t = 0; t < K; ++t)
+        dbg->indexer_topk[i * Kpre + t] = out[t] < 0 ? -1 : static_cast<int32_t>(out[t] + n);
   }
 }
 
@@ -620,7 +603,7 @@ void Pass::Indexer(int l, const float* x, const float* qr, V4State::Layer& st, s
 // then the shared expert; BF16.
 void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
   const FfnW& F = w_.blocks[l].ffn;
-  const int64_t n = T_, d = c_.dim, I = c_.moe_inter_dim;
+  const int64_t n = R_, d = c_.dim, I = c_.moe_inter_dim;
   const int k = c_.n_activated_experts, E = c_.n_routed_experts;
   const float lim = c_.swiglu_limit;
   std::vector<int32_t> idx(n * k);
@@ -629,7 +612,11 @@ void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
   std::vector<float> s(E), sel(E);
   std::vector<int64_t> top(k);
   for (int64_t m = 0; m < n; ++m) {
-    const int32_t vec = ref::VectorPathCount(m, n, E, 16);
+    // torch's softplus over the call's [T, E] scores: which elements take the vectorised path.
+    const int sq = row_seq_[m];
+    const int64_t i = m - info_[sq].row0;
+    const int32_t vec =
+        RefPrefill(sq) ? ref::VectorPathCount(i, info_[sq].T, E, 16) : ref::VectorPathCount(0, 1, E, 16);
     for (int e = 0; e < E; ++e) {
       const float lg = logits[m * E + e];
       const float sp = e < vec ? ref::TorchSoftplus(lg) : (lg > 20.0f ? lg : std::log1p(std::exp(lg)));
@@ -637,17 +624,17 @@ void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
       sel[e] = F.bias.empty() ? s[e] : s[e] + F.bias[e];
     }
     if (!F.tid2eid.empty()) {
-      for (int i = 0; i < k; ++i) top[i] = F.tid2eid[static_cast<int64_t>(ids_[m]) * k + i];
+      for (int t = 0; t < k; ++t) top[t] = F.tid2eid[static_cast<int64_t>(row_tok_[m]) * k + t];
     } else {
       StableTopK(sel.data(), E, k, top.data());
     }
     float* wr = wts.data() + m * k;
-    for (int i = 0; i < k; ++i) {
-      idx[m * k + i] = static_cast<int32_t>(top[i]);
-      wr[i] = s[top[i]];
+    for (int t = 0; t < k; ++t) {
+      idx[m * k + t] = static_cast<int32_t>(top[t]);
+      wr[t] = s[top[t]];
     }
     const float denom = ref::TorchSum(wr, k);
-    for (int i = 0; i < k; ++i) wr[i] = wr[i] / denom * c_.route_scale;
+    for (int t = 0; t < k; ++t) wr[t] = wr[t] / denom * c_.route_scale;
   }
   auto swiglu = [&](const float* xin, int64_t m, const float* rw, auto lin1, auto lin3, auto lin2, float* out) {
     std::vector<float> gt(m * I), up(m * I);
@@ -670,10 +657,10 @@ void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
     std::vector<int64_t> rows;
     std::vector<float> rw;
     for (int64_t m = 0; m < n; ++m)
-      for (int i = 0; i < k; ++i)
-        if (idx[m * k + i] == e) {
+      for (int t = 0; t < k; ++t)
+        if (idx[m * k + t] == e) {
           rows.push_back(m);
-          rw.push_back(wts[m * k + i]);
+          rw.push_back(wts[m * k + t]);
         }
     if (rows.empty()) continue;
     const int64_t mm = static_cast<int64_t>(rows.size());
@@ -693,100 +680,206 @@ void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
       [&](const float* a, int64_t M, float* o) { LinearFp8(a, M, F.s2, o); }, sh.data());
   for (int64_t i = 0; i < n * d; ++i) v[i] = RoundBf16(y[i] + sh[i]);
   if (dbg) {
-    dbg->router_indices = idx;
-    dbg->router_weights = wts;
+    const int64_t T0 = info_[0].T;
+    dbg->router_indices.assign(idx.begin(), idx.begin() + T0 * k);
+    dbg->router_weights.assign(wts.begin(), wts.begin() + T0 * k);
   }
 }
 
-// ParallelHead.forward on the last row: hc_head (σ by torch.sigmoid), norm, FP32 head.
+// ParallelHead.forward: hc_head (σ by torch.sigmoid), norm, FP32 head, for the
+// rows that return logits (backend.h LogitsRows order).
 std::vector<float> Pass::Head(const float* X, const HcHeadW& hh, const std::vector<uint16_t>& norm) const {
   const int hc = c_.hc_mult;
   const int64_t d = c_.dim, flat = hc * d, V = c_.vocab_size;
-  const int64_t r = T_ - 1;
-  const float* f = X + r * flat;
-  std::vector<float> sq(flat);
-  for (int64_t i = 0; i < flat; ++i) sq[i] = f[i] * f[i];
-  const float rsq = 1.0f / std::sqrt(ref::TorchSum(sq.data(), flat) / static_cast<float>(flat) + c_.norm_eps);
-  std::vector<float> pre(hc);
-  const int32_t vec = ref::VectorPathCount(r, T_, hc, 16);
-  for (int j = 0; j < hc; ++j) {
-    float acc = 0.0f;
-    for (int64_t i = 0; i < flat; ++i) acc += f[i] * hh.fn[j * flat + i];
-    const float mix = acc * rsq;
-    pre[j] = ref::TorchSigmoid(mix * hh.scale[0] + hh.base[j], j < vec) + c_.hc_eps;
+  std::vector<float> out;
+  std::vector<float> sq(flat), pre(hc), y(d), logits(V);
+  for (size_t s = 0; s < seqs_.size(); ++s) {
+    const V4Seq& q = seqs_[s];
+    const int64_t i0 = q.all_logits ? 0 : q.want_logits ? q.len - 1 : q.len;
+    for (int64_t i = i0; i < q.len; ++i) {
+      const float* f = X + (info_[s].row0 + i) * flat;
+      for (int64_t t = 0; t < flat; ++t) sq[t] = f[t] * f[t];
+      const float rsq = 1.0f / std::sqrt(ref::TorchSum(sq.data(), flat) / static_cast<float>(flat) + c_.norm_eps);
+      const int32_t vec = RefPrefill(static_cast<int>(s)) ? ref::VectorPathCount(i, q.len, hc, 16)
+                                                          : ref::VectorPathCount(0, 1, hc, 16);
+      for (int j = 0; j < hc; ++j) {
+        float acc = 0.0f;
+        for (int64_t t = 0; t < flat; ++t) acc += f[t] * hh.fn[j * flat + t];
+        const float mix = acc * rsq;
+        pre[j] = ref::TorchSigmoid(mix * hh.scale[0] + hh.base[j], j < vec) + c_.hc_eps;
+      }
+      ref::HcCollapse(f, pre.data(), 1, hc, d, y.data());
+      ref::RmsNorm(y.data(), 1, d, norm.data(), c_.norm_eps, y.data());
+      ref::LinearF32Bf16W(y.data(), 1, w_.head.view(), logits.data());
+      out.insert(out.end(), logits.begin(), logits.end());
+    }
   }
-  std::vector<float> y(d), logits(V);
-  ref::HcCollapse(f, pre.data(), 1, hc, d, y.data());
-  ref::RmsNorm(y.data(), 1, d, norm.data(), c_.norm_eps, y.data());
-  ref::LinearF32Bf16W(y.data(), 1, w_.head.view(), logits.data());
-  return logits;
+  return out;
 }
 
 // ---------------------------------------------------------------------------
 
-std::vector<float> V4Model::Forward(const int32_t* tokens, int64_t T, V4State* state, std::vector<float>* streams,
+void V4Model::Validate(const std::vector<V4Seq>& seqs, int n_window_layers) const {
+  const ModelConfig& c = cfg_;
+  if (seqs.empty()) Fail(ErrorKind::kInvalidArgument, "V4 Forward: empty batch");
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const V4Seq& q = seqs[s];
+    if (q.len < 1 || q.tokens == nullptr)
+      Fail(ErrorKind::kInvalidArgument, "V4 Forward: sequence {} has an empty chunk (len {})", s, q.len);
+    if (q.start_pos < 0)
+      Fail(ErrorKind::kInvalidArgument, "V4 Forward: sequence {} has negative start_pos {}", s, q.start_pos);
+    if (q.state.pools == nullptr || q.state.geometry == nullptr || q.state.slot < 0)
+      Fail(ErrorKind::kInvalidArgument, "V4 Forward: sequence {} has no state view (pools/geometry/slot)", s);
+    const StateGeometry& g = *q.state.geometry;
+    const auto& wr = g.of(StateKind::kWindow).regions;
+    if (static_cast<int>(wr.size()) < n_window_layers || wr[0].row_bytes != c.head_dim * 2 ||
+        wr[0].rows_per_block != c.window_size)
+      Fail(ErrorKind::kInvalidArgument,
+           "V4 Forward: sequence {}: state geometry does not match the model (build it with V4Model::Geometry)", s);
+    const int64_t need = g.BlocksForTokens(q.start_pos + q.len);
+    if (!g.of(StateKind::kCompressedKv).regions.empty() &&
+        (q.state.block_table == nullptr || q.state.num_blocks < need))
+      Fail(ErrorKind::kInvalidArgument,
+           "V4 Forward: sequence {}: block table has {} blocks, expected at least {} for {} tokens", s,
+           q.state.num_blocks, need, q.start_pos + q.len);
+    for (int64_t i = 0; i < q.len; ++i)
+      if (q.tokens[i] < 0 || q.tokens[i] >= c.vocab_size)
+        Fail(ErrorKind::kInvalidArgument, "V4 Forward: sequence {} token {} at position {} outside [0, {})", s,
+             q.tokens[i], q.start_pos + i, c.vocab_size);
+  }
+}
+
+std::vector<float> V4Model::Forward(const std::vector<V4Seq>& seqs, bool per_row_layout, std::vector<float>* streams,
                                     V4Debug* debug) {
   const ModelConfig& c = cfg_;
-  if (T < 1 || tokens == nullptr) Fail(ErrorKind::kInvalidArgument, "V4 Forward: empty chunk (T = {})", T);
+  Validate(seqs, c.n_layers);
+  Pass pass(*this, seqs, per_row_layout);
+  const int hc = c.hc_mult;
+  const int64_t d = c.dim, R = pass.rows();
+  std::vector<float> X(R * hc * d);
+  int64_t r = 0;
+  for (const V4Seq& q : seqs)
+    for (int64_t i = 0; i < q.len; ++i, ++r)
+      for (int j = 0; j < hc; ++j)
+        for (int64_t t = 0; t < d; ++t)
+          X[(r * hc + j) * d + t] = Bf16ToFloat(w_->embed[static_cast<int64_t>(q.tokens[i]) * d + t]);
+  if (debug) debug->layers.assign(c.n_layers, {});
+  for (int l = 0; l < c.n_layers; ++l) pass.Block(l, X.data(), debug ? &debug->layers[l] : nullptr);
+  if (streams) *streams = X;
+  return pass.Head(X.data(), w_->hc_head, w_->norm);
+}
+
+std::vector<float> V4Model::Mtp(const std::vector<V4Seq>& seqs, const float* streams, bool per_row_layout) {
+  const ModelConfig& c = cfg_;
+  if (c.n_mtp_layers < 1)
+    Fail(ErrorKind::kInvalidArgument, "V4 Mtp: the model has no MTP block (num_nextn_predict_layers 0)");
+  Validate(seqs, c.n_layers + 1);
+  const int l = c.n_layers;
+  const BlockW& B = w_->blocks[l];
+  const int hc = c.hc_mult;
+  Pass pass(*this, seqs, per_row_layout);
+  const int64_t d = c.dim, R = pass.rows();
+  // MTPBlock.forward: e = enorm(embed(ids)); x = hnorm(streams); X = e_proj(e) + h_proj(x) per stream.
+  std::vector<float> e(R * d), ep(R * d), xs(R * hc * d), hp(R * hc * d), X(R * hc * d);
+  int64_t r = 0;
+  for (const V4Seq& q : seqs)
+    for (int64_t i = 0; i < q.len; ++i, ++r)
+      for (int64_t t = 0; t < d; ++t) e[r * d + t] = Bf16ToFloat(w_->embed[static_cast<int64_t>(q.tokens[i]) * d + t]);
+  ref::RmsNorm(e.data(), R, d, B.enorm.data(), c.norm_eps, e.data());
+  ref::RmsNorm(streams, R * hc, d, B.hnorm.data(), c.norm_eps, xs.data());
+  LinearFp8(e.data(), R, B.e_proj, ep.data());
+  LinearFp8(xs.data(), R * hc, B.h_proj, hp.data());
+  for (int64_t q = 0; q < R; ++q)
+    for (int j = 0; j < hc; ++j)
+      for (int64_t t = 0; t < d; ++t) X[(q * hc + j) * d + t] = RoundBf16(ep[q * d + t] + hp[(q * hc + j) * d + t]);
+  pass.Block(l, X.data(), nullptr);
+  return pass.Head(X.data(), B.hc_head, B.norm);
+}
+
+// ---------------------------------------------------------------------------
+// V4State conveniences (golden tests).
+
+V4State V4Model::NewState(int64_t max_len) const {
+  V4State st;
+  st.geometry = Geometry(128);
+  st.max_len = max_len;
+  const int64_t blocks = st.geometry.BlocksForTokens(max_len);
+  st.arena = std::make_unique<DenseStateArena>(st.geometry, 1, blocks);
+  st.block_table.resize(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) st.block_table[b] = static_cast<int32_t>(b);
+  return st;
+}
+
+std::vector<float> V4Model::Forward(const int32_t* tokens, int64_t T, V4State* state, std::vector<float>* streams,
+                                    V4Debug* debug) {
   if (state->len > 0 && T != 1)
     Fail(ErrorKind::kInvalidArgument, "V4 Forward: a call at start_pos {} must be one token (got {})", state->len, T);
   if (state->len + T > state->max_len)
     Fail(ErrorKind::kInvalidArgument, "V4 Forward: {} positions exceed the state's max_len {}", state->len + T,
          state->max_len);
-  for (int64_t i = 0; i < T; ++i)
-    if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
-      Fail(ErrorKind::kInvalidArgument, "V4 Forward: token {} at position {} outside [0, {})", tokens[i],
-           state->len + i, c.vocab_size);
-  const int hc = c.hc_mult;
-  const int64_t d = c.dim;
-  if (state->len == 0) {  // fresh-sequence semantics: compressor carries at their start values
-    V4State fresh = NewState(state->max_len);
-    const int64_t ml = state->max_len;
-    *state = std::move(fresh);
-    state->max_len = ml;
-  }
-  Pass pass(*this, T, state->len, tokens);
-  std::vector<float> X(T * hc * d);
-  for (int64_t r = 0; r < T; ++r)
-    for (int j = 0; j < hc; ++j)
-      for (int64_t i = 0; i < d; ++i)
-        X[(r * hc + j) * d + i] = Bf16ToFloat(w_->embed[static_cast<int64_t>(tokens[r]) * d + i]);
-  if (debug) debug->layers.assign(c.n_layers, {});
-  for (int l = 0; l < c.n_layers; ++l) pass.Block(l, X.data(), state->layers[l], debug ? &debug->layers[l] : nullptr);
-  if (streams) *streams = X;
-  std::vector<float> logits = pass.Head(X.data(), w_->hc_head, w_->norm);
+  V4Seq q{tokens, T, state->len, state->view(), true, false};
+  std::vector<float> logits = Forward(std::vector<V4Seq>{q}, false, streams, debug);
   state->len += T;
   return logits;
 }
 
 std::vector<float> V4Model::Mtp(const float* streams, const int32_t* next_ids, int64_t T, int64_t start,
                                 V4State* state) {
-  const ModelConfig& c = cfg_;
-  if (c.n_mtp_layers < 1) Fail(ErrorKind::kInvalidArgument, "V4 Mtp: the model has no MTP block");
-  if (T < 1 || (start > 0 && T != 1))
+  if (start > 0 && T != 1)
     Fail(ErrorKind::kInvalidArgument, "V4 Mtp: a call at start {} must be one token (got {})", start, T);
-  for (int64_t i = 0; i < T; ++i)
-    if (next_ids[i] < 0 || next_ids[i] >= c.vocab_size)
-      Fail(ErrorKind::kInvalidArgument, "V4 Mtp: token {} outside [0, {})", next_ids[i], c.vocab_size);
-  const int l = c.n_layers;
-  const BlockW& B = w_->blocks[l];
-  const int hc = c.hc_mult;
-  const int64_t d = c.dim;
-  Pass pass(*this, T, start, next_ids);
-  // MTPBlock.forward: e = enorm(embed(ids)); x = hnorm(streams); X = e_proj(e) + h_proj(x) per stream.
-  std::vector<float> e(T * d), ep(T * d), xs(T * hc * d), hp(T * hc * d), X(T * hc * d);
-  for (int64_t r = 0; r < T; ++r)
-    for (int64_t i = 0; i < d; ++i) e[r * d + i] = Bf16ToFloat(w_->embed[static_cast<int64_t>(next_ids[r]) * d + i]);
-  ref::RmsNorm(e.data(), T, d, B.enorm.data(), c.norm_eps, e.data());
-  ref::RmsNorm(streams, T * hc, d, B.hnorm.data(), c.norm_eps, xs.data());
-  LinearFp8(e.data(), T, B.e_proj, ep.data());
-  LinearFp8(xs.data(), T * hc, B.h_proj, hp.data());
-  for (int64_t r = 0; r < T; ++r)
-    for (int j = 0; j < hc; ++j)
-      for (int64_t i = 0; i < d; ++i)
-        X[(r * hc + j) * d + i] = RoundBf16(ep[r * d + i] + hp[(r * hc + j) * d + i]);
-  pass.Block(l, X.data(), state->layers[l], nullptr);
-  return pass.Head(X.data(), B.hc_head, B.norm);
+  V4Seq q{next_ids, T, start, state->view(), true, false};
+  return Mtp(std::vector<V4Seq>{q}, streams, false);
+}
+
+std::vector<float> V4Model::WindowRows(const SequenceStateView& v, int l) const {
+  const int64_t D = cfg_.head_dim, win = cfg_.window_size;
+  std::vector<float> out(win * D);
+  std::vector<uint16_t> b(D);
+  const int region = v.geometry->of(StateKind::kWindow).RegionOf(l);
+  for (int64_t s = 0; s < win; ++s) {
+    FromBf16Row(v.Row(StateKind::kWindow, region, s), D, b.data());
+    for (int64_t c = 0; c < D; ++c) out[s * D + c] = Bf16ToFloat(b[c]);
+  }
+  return out;
+}
+
+std::vector<float> V4Model::CompressedRows(const SequenceStateView& v, int l, int64_t n) const {
+  const int64_t D = cfg_.head_dim, bs = v.geometry->block_size;
+  const int r = cfg_.compress_ratios[l];
+  const StateKindGeometry& kg = v.geometry->of(StateKind::kCompressedKv);
+  const int region = kg.RegionOf(l);
+  std::vector<float> out(n * D);
+  std::vector<uint16_t> b(D);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t row = kg.regions[region].rows_per_block == 1 && r > bs ? j * (r / bs) : j;
+    FromBf16Row(v.Row(StateKind::kCompressedKv, region, row), D, b.data());
+    for (int64_t c = 0; c < D; ++c) out[j * D + c] = Bf16ToFloat(b[c]);
+  }
+  return out;
+}
+
+std::vector<float> V4Model::IndexKeyRows(const SequenceStateView& v, int l, int64_t n) const {
+  const int64_t ID = cfg_.index_head_dim;
+  const int region = v.geometry->of(StateKind::kIndexKey).RegionOf(l);
+  std::vector<float> out(n * ID);
+  std::vector<uint16_t> b(ID);
+  for (int64_t j = 0; j < n; ++j) {
+    FromBf16Row(v.Row(StateKind::kIndexKey, region, j), ID, b.data());
+    for (int64_t c = 0; c < ID; ++c) out[j * ID + c] = Bf16ToFloat(b[c]);
+  }
+  return out;
+}
+
+std::vector<float> V4Model::CarryRows(const SequenceStateView& v, int l, bool indexer, bool score) const {
+  const int r = cfg_.compress_ratios[l];
+  const int coff = r == 4 ? 2 : 1;
+  const int64_t hd = indexer ? cfg_.index_head_dim : cfg_.head_dim, wdt = coff * hd, nslot = coff * r;
+  const int region = v.geometry->of(StateKind::kCompressorCarry).RegionOf(l);
+  const int64_t base = (indexer ? 2 * nslot : 0) + (score ? nslot : 0);
+  std::vector<float> out(nslot * wdt);
+  for (int64_t t = 0; t < nslot; ++t)
+    std::memcpy(out.data() + t * wdt, v.Row(StateKind::kCompressorCarry, region, base + t), wdt * 4);
+  return out;
 }
 
 }  // namespace deepinfer::v4

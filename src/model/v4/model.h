@@ -12,11 +12,13 @@
 // sequence start, BF16 rsqrt of the per-head q norm computed in FP32 and
 // rounded once, top-k ties by ascending index.
 //
-// Calls follow the reference's two modes: a prefill (start_pos 0, any length)
-// and a one-token decode (start_pos = the sequence's length so far). All
-// per-sequence state lives in a V4State the caller owns (one per sequence):
-// window rings, compressed KV, compressor carries, indexer keys, and the MTP
-// block's window ring.
+// One Forward call runs a batch of sequences, each a chunk of new tokens at
+// its own start position (prefill, chunked prefill, decode, mixed). All
+// per-sequence state (window rings, compressed KV, indexer keys, compressor
+// carries, the MTP block's ring) lives in caller-owned memory addressed by
+// SequenceStateView with the geometry StateGeometry::FromConfig declares for
+// the config (model/state.h), so the engine's pool, admission and max-length
+// sizing stay generic. The model keeps no sequence state.
 #pragma once
 
 #include <cstdint>
@@ -27,27 +29,36 @@
 
 #include "format/safetensors.h"
 #include "model/config.h"
+#include "model/state.h"
 
 namespace deepinfer::v4 {
 
 struct Weights;
 struct Ropes;
 
-// One sequence's state (sizes from the config and max_len; model-spec §5.1).
+// A self-contained state for one sequence of up to max_len positions (the
+// golden tests; the engine keeps its sequences in its CachePool instead): a
+// one-slot DenseStateArena with the model's geometry (block size 128).
 struct V4State {
+  StateGeometry geometry;
+  std::unique_ptr<DenseStateArena> arena;
+  std::vector<int32_t> block_table;
   int64_t max_len = 0;
   int64_t len = 0;  // positions already processed by the main model
-  struct Layer {
-    std::vector<float> window;            // [window, head_dim] BF16 values, slot = pos mod window
-    std::vector<float> ckv;               // [max_len/ratio, head_dim] compressed KV entries
-    std::vector<float> kv_state, score_state;    // [coff·r, coff·head_dim] compressor carry (FP32)
-    std::vector<float> ikeys;             // [max_len/4, index_head_dim] indexer keys (C4)
-    std::vector<float> ikv_state, iscore_state;  // indexer compressor carry (C4)
-  };
-  std::vector<Layer> layers;  // n_layers, then the MTP blocks
+  SequenceStateView view() const { return arena->View(0, block_table.data(), static_cast<int64_t>(block_table.size())); }
 };
 
-// Per-layer intermediates of one prefill (the golden `debug` layout).
+// One sequence's chunk in a Forward call.
+struct V4Seq {
+  const int32_t* tokens = nullptr;  // [len] ids at positions start_pos .. start_pos+len−1
+  int64_t len = 0;
+  int64_t start_pos = 0;            // the state holds positions 0 .. start_pos−1
+  SequenceStateView state;          // rows in the model's geometry (V4Model::Geometry)
+  bool want_logits = false;         // logits of the chunk's last row
+  bool all_logits = false;          // logits of every row (len rows)
+};
+
+// Per-layer intermediates of sequence 0 of a call (the golden `debug` layout).
 struct V4Debug {
   struct Layer {
     std::vector<float> out_streams, attn_out, ffn_out;  // [T·hc·d], [T·d], [T·d]
@@ -70,28 +81,55 @@ class V4Model {
 
   const ModelConfig& config() const { return cfg_; }
 
-  // A fresh state for sequences of up to max_len positions (compressor
-  // carries at their start values: kv 0, score −∞).
-  V4State NewState(int64_t max_len) const;
+  // State geometry for paged blocks of `block_size` tokens (model/state.h
+  // StateGeometry::FromConfig, V4 branch). Error(kInvalidArgument) when the
+  // block size does not fit the compress ratios.
+  StateGeometry Geometry(int64_t block_size) const { return StateGeometry::FromConfig(cfg_, block_size); }
 
-  // Runs tokens[0..T) at positions state->len .. state->len+T−1: a prefill
-  // when state->len == 0 (any T ≥ 1) or a one-token decode (T == 1). Returns
-  // the last position's logits [vocab] FP32; streams (optional) receives the
-  // final residual streams of every row [T, hc, d] (the input of hc_head;
-  // what MTP reads). Error(kInvalidArgument): T < 1, T > 1 with len > 0,
-  // len + T > max_len, token outside the vocabulary.
-  std::vector<float> Forward(const int32_t* tokens, int64_t T, V4State* state, std::vector<float>* streams = nullptr,
+  // Runs a batch of chunks. Every row is computed in one of two layouts:
+  //  per_row_layout = true (the serving engine): each row exactly as the
+  //    reference's one-token decode at its position computes it, so a row
+  //    depends only on its sequence's tokens up to it — identical under any
+  //    chunking, batching or preemption;
+  //  false: a start_pos-0 chunk as the reference's prefill of that chunk
+  //    (golden parity of the list widths and vectorised-path choices), any
+  //    other chunk as per_row_layout.
+  // A sequence whose start_pos is 0 starts fresh (compressor carries reset to
+  // kv 0 / score −∞, README_V4 finding 1). Returns logits rows [rows, vocab]
+  // FP32 in sequence order (LogitsRows of backend.h). streams (optional):
+  // the final residual streams [total rows, hc, d] (the input of hc_head, what
+  // MTP reads); debug (optional): sequence 0's intermediates.
+  // Error(kInvalidArgument) naming the sequence: empty chunk, negative
+  // start_pos, token outside the vocabulary, state view without the model's
+  // geometry or too few blocks.
+  std::vector<float> Forward(const std::vector<V4Seq>& seqs, bool per_row_layout, std::vector<float>* streams = nullptr,
                              V4Debug* debug = nullptr);
 
-  // The MTP block mtp.0 (model-spec §3.2.7): streams [T, hc, d] of the main
-  // model at positions start .. start+T−1, next_ids[i] = the token after
-  // position start+i; drafts the token after next_ids[T−1]. A prefill
-  // (start == 0, any T) or a one-token step (T == 1, start = its position);
-  // the block's own window ring lives in state->layers[n_layers].
+  // The MTP block mtp.0 (model-spec §3.2.7) on a batch: seqs[s].tokens are the
+  // next ids (the token after each position), streams [total rows, hc, d] the
+  // main model's final streams at those positions; its window ring is the
+  // state's region of layer n_layers. Returns the draft logits rows as Forward.
+  std::vector<float> Mtp(const std::vector<V4Seq>& seqs, const float* streams, bool per_row_layout);
+
+  // Golden-test conveniences on a V4State (prefill when state->len == 0, else
+  // one token; per the reference's layout): logits of the last position.
+  V4State NewState(int64_t max_len) const;
+  std::vector<float> Forward(const int32_t* tokens, int64_t T, V4State* state, std::vector<float>* streams = nullptr,
+                             V4Debug* debug = nullptr);
   std::vector<float> Mtp(const float* streams, const int32_t* next_ids, int64_t T, int64_t start, V4State* state);
+
+  // State rows of layer l as floats (tests, debugging): the window ring
+  // [window, head_dim]; the first n compressed entries [n, head_dim]; the first
+  // n indexer keys [n, index_head_dim]; a compressor carry [coff·r, coff·hd]
+  // (indexer: the indexer compressor's; score: the score rows, else kv).
+  std::vector<float> WindowRows(const SequenceStateView& v, int l) const;
+  std::vector<float> CompressedRows(const SequenceStateView& v, int l, int64_t n) const;
+  std::vector<float> IndexKeyRows(const SequenceStateView& v, int l, int64_t n) const;
+  std::vector<float> CarryRows(const SequenceStateView& v, int l, bool indexer, bool score) const;
 
  private:
   V4Model() = default;
+  void Validate(const std::vector<V4Seq>& seqs, int n_window_layers) const;
   friend class Pass;
   ModelConfig cfg_;
   std::unique_ptr<TensorStore> store_;
