@@ -129,8 +129,9 @@ TEST_F(V4EngineTiny, EnglishPromptsBatchedEqualAloneBudgetsPreemption) {
 
 // Chunked prefill at the model level in the engine's layout: the 129-token
 // golden debug prompt (a full C128 group, selective C4 indexer) in chunks of
-// 1, 3, 16, 64, 128 gives every row's logits bit-identical to the whole
-// prompt, and the last row equals the reference prefill.
+// 1, 3, 16, 64, 128 gives every row's final residual streams (the head's
+// input) and the last logits bit-identical to the whole prompt, whose last
+// logits equal the reference prefill.
 TEST_F(V4EngineTiny, ChunkedPrefillEqualsWholeAndGolden) {
   std::ifstream f(std::string(DEEPINFER_TEST_DATA) + "/golden-tiny-v4/golden.json");
   const nlohmann::json g = nlohmann::json::parse(f);
@@ -141,25 +142,29 @@ TEST_F(V4EngineTiny, ChunkedPrefillEqualsWholeAndGolden) {
   CachePool pool(geo, geo.BlocksForTokens(T) + 1, 1);
   std::vector<int32_t> table(static_cast<size_t>(geo.BlocksForTokens(T)));
   for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(b);
-  auto run = [&](int64_t chunk) {
+  // Per chunk size: every row's final residual streams (what the head reads) and the last row's logits.
+  auto run = [&](int64_t chunk, std::vector<float>* last) {
     pool.ResetSlot(0);
-    std::vector<float> all;
+    std::vector<float> all, streams;
     for (int64_t s = 0; s < T; s += chunk) {
-      v4::V4Seq q{ids.data() + s, std::min(chunk, T - s), s,
-                  pool.View(0, table.data(), static_cast<int64_t>(table.size())), true, true};
-      const std::vector<float> l = model->Forward({q}, /*per_row_layout=*/true);
-      all.insert(all.end(), l.begin(), l.end());
+      const int64_t len = std::min(chunk, T - s);
+      v4::V4Seq q{ids.data() + s, len, s, pool.View(0, table.data(), static_cast<int64_t>(table.size())),
+                  s + len == T, false};
+      *last = model->Forward({q}, /*per_row_layout=*/true, &streams);
+      all.insert(all.end(), streams.begin(), streams.end());
     }
     return all;
   };
-  const std::vector<float> whole = run(T);
+  std::vector<float> whole_last, last;
+  const std::vector<float> whole = run(T, &whole_last);
   const int64_t V = model->config().vocab_size;
-  ASSERT_EQ(static_cast<int64_t>(whole.size()), T * V);
-  EXPECT_EQ(testing::Sha256Hex(whole.data() + (T - 1) * V, V * 4),
+  ASSERT_EQ(static_cast<int64_t>(whole_last.size()), V);
+  EXPECT_EQ(testing::Sha256Hex(whole_last.data(), V * 4),
             g["prompts"][6]["prefill"]["sha256_f32le"].get<std::string>());
   for (int64_t chunk : {1, 3, 16, 64, 128}) {
-    const std::vector<float> c = run(chunk);
-    EXPECT_TRUE(c == whole) << "chunk " << chunk;
+    const std::vector<float> c = run(chunk, &last);
+    EXPECT_TRUE(c == whole) << "chunk " << chunk << ": streams of some row differ";
+    EXPECT_TRUE(last == whole_last) << "chunk " << chunk << ": last logits differ";
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "format/numerics.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/ref/ref_math.h"
 #include "kernels/ref/ref_ops.h"
 #include "model/v4/ops.h"
@@ -23,10 +24,14 @@ namespace {
 
 const float kNegInf = -std::numeric_limits<float>::infinity();
 
+// A BF16 weight and its repacking for the fast CPU kernels (kernels/cpu/cpu_ops.h,
+// bit-identical to the ref:: operators), made once all weights are bound.
 struct Bf16 {
   std::vector<uint16_t> w;
   int64_t out = 0, in = 0;
+  cpu::PackedBf16 packed;
   ref::Bf16Weight view() const { return {w.data(), out, in}; }
+  void Pack() { packed = cpu::PackBf16(view()); }
 };
 
 struct CompressorW {
@@ -39,7 +44,7 @@ struct CompressorW {
 
 struct AttentionW {
   Fp8Weight wq_a, wq_b, wkv, wo_b;
-  std::vector<uint16_t> wo_a;  // BF16-dequantised wo_a (convert.py), [o_groups·o_lora, H·D/o_groups]
+  Bf16 wo_a;                  // BF16-dequantised wo_a (convert.py), [o_groups·o_lora, H·D/o_groups]
   std::vector<uint16_t> q_norm, kv_norm;
   std::vector<float> sink;
   CompressorW comp;           // ratio > 0
@@ -167,11 +172,13 @@ BlockW BindBlock(Binder& b, const std::string& pre, int l, const ModelConfig& c)
   {
     const int64_t out = c.o_groups * c.o_lora_rank, in = H * D / c.o_groups;
     const Fp8Weight wa = b.Fp8(a + "wo_a", out, in);  // convert.py: E4M3 × block scale → BF16 (exact)
-    A.wo_a.resize(static_cast<size_t>(out * in));
+    A.wo_a.out = out;
+    A.wo_a.in = in;
+    A.wo_a.w.resize(static_cast<size_t>(out * in));
     const int64_t nkb = (in + 127) / 128;
     for (int64_t o = 0; o < out; ++o)
       for (int64_t i = 0; i < in; ++i)
-        A.wo_a[o * in + i] =
+        A.wo_a.w[o * in + i] =
             FloatToBf16(E4M3ToFloat(wa.w[o * in + i]) * E8M0ToFloat(wa.scale[(o / 128) * nkb + i / 128]));
   }
   A.wo_b = b.Fp8(a + "wo_b", d, c.o_groups * c.o_lora_rank);
@@ -261,6 +268,20 @@ std::unique_ptr<V4Model> V4Model::Load(const std::filesystem::path& model_dir) {
   for (int l = 0; l < c.n_layers; ++l) W.blocks.push_back(BindBlock(b, "layers." + std::to_string(l) + ".", l, c));
   for (int s = 0; s < c.n_mtp_layers; ++s)
     W.blocks.push_back(BindBlock(b, "mtp." + std::to_string(s) + ".", c.n_layers + s, c));
+  W.head.Pack();
+  for (BlockW& B : W.blocks) {
+    B.attn.wo_a.Pack();
+    B.ffn.gate.Pack();
+    if (B.attn.comp.ratio > 0) {
+      B.attn.comp.wkv.Pack();
+      B.attn.comp.wgate.Pack();
+    }
+    if (B.attn.idx_comp.ratio > 0) {
+      B.attn.idx_comp.wkv.Pack();
+      B.attn.idx_comp.wgate.Pack();
+      B.attn.idx_wproj.Pack();
+    }
+  }
   m->ropes_ = std::make_unique<Ropes>();
   m->ropes_->swa = ref::RopeTable(c.rope_head_dim, c.rope_theta, 0, 1.0, c.beta_fast, c.beta_slow);
   m->ropes_->compress = ref::RopeTable(c.rope_head_dim, c.compress_rope_theta, c.original_seq_len, c.rope_factor,
@@ -448,8 +469,7 @@ void Pass::Attention(int l, const float* x, float* v, V4Debug::Layer* dbg) {
   }
   // Grouped BF16 wo_a, then FP8 wo_b.
   std::vector<float> z(n * c_.o_groups * c_.o_lora_rank);
-  ref::GroupedLinearBf16(o.data(), n, c_.o_groups,
-                         {A.wo_a.data(), c_.o_groups * c_.o_lora_rank, H * D / c_.o_groups}, z.data());
+  cpu::GroupedLinearBf16(o.data(), n, c_.o_groups, A.wo_a.packed, z.data());
   LinearFp8(z.data(), n, A.wo_b, v);
 }
 
@@ -467,8 +487,8 @@ void Pass::Compressor(int l, int s, const CompressorW& W, bool indexer, const fl
   const int r = W.ratio, coff = W.coff;
   const int64_t hd = W.hd, wdt = coff * hd, rd = c_.rope_head_dim, nslot = coff * r;
   std::vector<float> a(qi.T * wdt), g(qi.T * wdt);
-  ref::LinearF32Bf16W(x + qi.row0 * c_.dim, qi.T, W.wkv.view(), a.data());
-  ref::LinearF32Bf16W(x + qi.row0 * c_.dim, qi.T, W.wgate.view(), g.data());
+  cpu::LinearF32Bf16W(x + qi.row0 * c_.dim, qi.T, W.wkv.packed, a.data());
+  cpu::LinearF32Bf16W(x + qi.row0 * c_.dim, qi.T, W.wgate.packed, g.data());
   // Carry rows: kv then score, nslot rows of wdt floats each (attention rows first, the indexer's after them).
   const int64_t base = indexer ? 2 * nslot : 0;
   std::vector<float> kvs(nslot * wdt), scs(nslot * wdt);
@@ -551,7 +571,7 @@ void Pass::Indexer(int l, int s, const float* x, const float* qr, std::vector<st
     }
   Compressor(l, s, A.idx_comp, true, x);
   std::vector<float> wts(n * nh);
-  ref::LinearBf16(x + qi.row0 * c_.dim, n, A.idx_wproj.view(), wts.data());
+  cpu::LinearBf16(x + qi.row0 * c_.dim, n, A.idx_wproj.packed, wts.data());
   const float wscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5) *
                                           std::pow(static_cast<double>(nh), -0.5));
   for (auto& w : wts) w = RoundBf16(w * wscale);
@@ -608,7 +628,7 @@ void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
   const float lim = c_.swiglu_limit;
   std::vector<int32_t> idx(n * k);
   std::vector<float> wts(n * k), logits(n * E);
-  ref::LinearF32Bf16W(x, n, F.gate.view(), logits.data());
+  cpu::LinearF32Bf16W(x, n, F.gate.packed, logits.data());
   std::vector<float> s(E), sel(E);
   std::vector<int64_t> top(k);
   for (int64_t m = 0; m < n; ++m) {
@@ -710,7 +730,7 @@ std::vector<float> Pass::Head(const float* X, const HcHeadW& hh, const std::vect
       }
       ref::HcCollapse(f, pre.data(), 1, hc, d, y.data());
       ref::RmsNorm(y.data(), 1, d, norm.data(), c_.norm_eps, y.data());
-      ref::LinearF32Bf16W(y.data(), 1, w_.head.view(), logits.data());
+      cpu::LinearF32Bf16W(y.data(), 1, w_.head.packed, logits.data());
       out.insert(out.end(), logits.begin(), logits.end());
     }
   }

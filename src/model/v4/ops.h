@@ -46,6 +46,11 @@ void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, float* y);
 // y [M, out] = BF16(fp4_gemm(act_quant(x, 128), W)): K in 32-wide groups, the
 // activation scale of the enclosing 128 block. in % 128 == 0.
 void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, float* y);
+// The scalar oracles of the two (one double accumulator in increasing k);
+// LinearFp8/LinearFp4 are bit-identical to them (exact block sums in any order,
+// 8 accumulators, byte tables, rows × outputs in parallel).
+void LinearFp8Ref(const float* x, int64_t M, const Fp8Weight& w, float* y);
+void LinearFp4Ref(const float* x, int64_t M, const Fp4Weight& w, float* y);
 
 // Correctly rounded FP32 exp (double exp, one rounding).
 float Exp32(float x);
