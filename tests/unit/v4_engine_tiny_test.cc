@@ -1,5 +1,5 @@
 // The serving core on the tiny V4 checkpoint (make-tiny --arch deepseek_v4,
-// ctest fixture DEEPINFER_TINY_V4_DIR) with the real tokenizer and the English
+// ctest fixture fixture_make_tiny_v4, or $DEEPINFER_TINY_V4_DIR) with the real tokenizer and the English
 // prompts of tests/data/engine/english_prompts.jsonl: batched == alone with
 // bit-identical raw logits, token budgets 16/64/256 and a pool small enough to
 // preempt give identical tokens and logits, the pool is empty afterwards; and
@@ -7,6 +7,7 @@
 // golden reference (model level, the engine's per-row layout, block size 16).
 // CI runs the first 16 prompts; DEEPINFER_V4_ENGINE_FULL=1 runs all 64.
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -21,9 +22,10 @@
 namespace deepinfer {
 namespace {
 
+// $DEEPINFER_TINY_V4_DIR, else the checkpoint of the ctest fixture (fixture_make_tiny_v4).
 std::string TinyDir() {
   const char* d = std::getenv("DEEPINFER_TINY_V4_DIR");
-  return d ? d : "";
+  return d && *d ? d : DEEPINFER_TINY_V4_FIXTURE;
 }
 
 std::vector<GenerateRequest> EnglishRequests() {
@@ -94,7 +96,8 @@ Result RunAll(Engine& engine, const std::vector<GenerateRequest>& reqs, bool alo
 class V4EngineTiny : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (TinyDir().empty()) GTEST_FAIL() << "DEEPINFER_TINY_V4_DIR is not set (ctest's fixture sets it)";
+    if (!std::filesystem::exists(TinyDir() + "/config.json"))
+      GTEST_FAIL() << TinyDir() << ": no tiny V4 checkpoint (ctest's fixture makes it; or set DEEPINFER_TINY_V4_DIR)";
   }
 };
 

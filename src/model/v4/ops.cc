@@ -94,72 +94,91 @@ const Tables& Tab() {
 }
 }  // namespace
 
-void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, float* y) {
-  const int64_t K = w.in, N = w.out, nkb = K / kActBlock;
+namespace {
+// Activations of M rows: E4M3 codes decoded to double [M, K] and their block scales [M, K/128].
+void QuantizeRows(const float* x, int64_t M, int64_t K, std::vector<double>* qd, std::vector<float>* sa) {
   const Tables& tb = Tab();
-  std::vector<double> qd(M * K);
-  std::vector<float> sa(M * nkb);
-#pragma omp parallel if(M * N * K > kParallelWork)
+  const int64_t nkb = K / kActBlock;
+  qd->resize(M * K);
+  sa->resize(M * nkb);
+#pragma omp parallel if(M * K > kParallelWork)
   {
     std::vector<uint8_t> q(K), s(nkb);
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; ++m) {
       QuantizeActE4M3(x + m * K, K, kActBlock, q.data(), s.data());
-      for (int64_t k = 0; k < K; ++k) qd[m * K + k] = tb.e4m3[q[k]];
-      for (int64_t kb = 0; kb < nkb; ++kb) sa[m * nkb + kb] = E8M0ToFloat(s[kb]);
+      for (int64_t k = 0; k < K; ++k) (*qd)[m * K + k] = tb.e4m3[q[k]];
+      for (int64_t kb = 0; kb < nkb; ++kb) (*sa)[m * nkb + kb] = E8M0ToFloat(s[kb]);
     }
-#pragma omp for schedule(static) collapse(2)
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) {
-        const uint8_t* wr = w.w + n * K;
+  }
+}
+
+// Exact sum of n products (n a multiple of 8) with 8 independent accumulators.
+inline double Dot8(const double* a, const double* b, int64_t n) {
+  double acc[8] = {};
+  for (int64_t k = 0; k < n; k += 8)
+    for (int u = 0; u < 8; ++u) acc[u] += a[k + u] * b[k + u];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+}  // namespace
+
+// Per output n: its weight row decoded once to double, then every activation row.
+void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, float* y) {
+  const int64_t K = w.in, N = w.out, nkb = K / kActBlock;
+  const Tables& tb = Tab();
+  std::vector<double> qd;
+  std::vector<float> sa;
+  QuantizeRows(x, M, K, &qd, &sa);
+#pragma omp parallel if(M * N * K > kParallelWork)
+  {
+    std::vector<double> wd(K);
+    std::vector<float> sw(nkb);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const uint8_t* wr = w.w + n * K;
+      for (int64_t k = 0; k < K; ++k) wd[k] = tb.e4m3[wr[k]];
+      for (int64_t kb = 0; kb < nkb; ++kb) sw[kb] = E8M0ToFloat(w.scale[(n / kActBlock) * nkb + kb]);
+      for (int64_t m = 0; m < M; ++m) {
         const double* qr = qd.data() + m * K;
         float acc = 0.0f;
         for (int64_t kb = 0; kb < nkb; ++kb) {
-          double a[8] = {};
-          for (int64_t k = kb * kActBlock; k < (kb + 1) * kActBlock; k += 8)
-            for (int u = 0; u < 8; ++u) a[u] += qr[k + u] * tb.e4m3[wr[k + u]];
-          const double part = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-          const float sc = sa[m * nkb + kb] * E8M0ToFloat(w.scale[(n / kActBlock) * nkb + kb]);
-          acc = acc + static_cast<float>(part) * sc;
+          const double part = Dot8(qr + kb * kActBlock, wd.data() + kb * kActBlock, kActBlock);
+          acc = acc + static_cast<float>(part) * (sa[m * nkb + kb] * sw[kb]);
         }
         y[m * N + n] = RoundBf16(acc);
       }
+    }
   }
 }
 
 void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, float* y) {
   const int64_t K = w.in, N = w.out, nkb = K / kActBlock, ng = K / 32;
   const Tables& tb = Tab();
-  std::vector<double> qd(M * K);
-  std::vector<float> sa(M * nkb);
+  std::vector<double> qd;
+  std::vector<float> sa;
+  QuantizeRows(x, M, K, &qd, &sa);
 #pragma omp parallel if(M * N * K > kParallelWork)
   {
-    std::vector<uint8_t> q(K), s(nkb);
+    std::vector<double> wd(K);
+    std::vector<float> sw(ng);
 #pragma omp for schedule(static)
-    for (int64_t m = 0; m < M; ++m) {
-      QuantizeActE4M3(x + m * K, K, kActBlock, q.data(), s.data());
-      for (int64_t k = 0; k < K; ++k) qd[m * K + k] = tb.e4m3[q[k]];
-      for (int64_t kb = 0; kb < nkb; ++kb) sa[m * nkb + kb] = E8M0ToFloat(s[kb]);
-    }
-#pragma omp for schedule(static) collapse(2)
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) {
-        const uint8_t* wr = w.w + n * (K / 2);
+    for (int64_t n = 0; n < N; ++n) {
+      const uint8_t* wr = w.w + n * (K / 2);
+      for (int64_t j = 0; j < K / 2; ++j) {
+        wd[2 * j] = tb.fp4lo[wr[j]];
+        wd[2 * j + 1] = tb.fp4hi[wr[j]];
+      }
+      for (int64_t g = 0; g < ng; ++g) sw[g] = E8M0ToFloat(w.scale[n * ng + g]);
+      for (int64_t m = 0; m < M; ++m) {
         const double* qr = qd.data() + m * K;
         float acc = 0.0f;
         for (int64_t g = 0; g < ng; ++g) {
-          double a[8] = {};
-          for (int64_t b = g * 16; b < (g + 1) * 16; b += 4)
-            for (int u = 0; u < 4; ++u) {
-              const uint8_t byte = wr[b + u];
-              a[2 * u] += qr[2 * (b + u)] * tb.fp4lo[byte];
-              a[2 * u + 1] += qr[2 * (b + u) + 1] * tb.fp4hi[byte];
-            }
-          const double part = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-          acc = acc + static_cast<float>(part) * sa[m * nkb + g / 4] * E8M0ToFloat(w.scale[n * ng + g]);
+          const double part = Dot8(qr + g * 32, wd.data() + g * 32, 32);
+          acc = acc + static_cast<float>(part) * sa[m * nkb + g / 4] * sw[g];
         }
         y[m * N + n] = RoundBf16(acc);
       }
+    }
   }
 }
 
