@@ -1,7 +1,7 @@
 // deepinfer bench e2e --model DIR --json OUT [--png PNG] [--threads N]
 //                     [--batches 1 4 16] [--prompt-len N] [--decode-steps N]
 //
-// End-to-end V4.1 forward speed on a checkpoint (meant for the `large`
+// End-to-end V4.1 or V4 (deepseek_v4, one process) forward speed on a checkpoint (meant for the `large`
 // make-tiny preset, a few GB): prefill tok/s and decode tok/s at each batch
 // size, the bytes of weights one decode token streams (batch 1: every dense
 // tensor, top-k of the routed experts, one embedding row), the implied GB/s
@@ -38,6 +38,7 @@
 #include "model/config.h"
 #include "model/state.h"
 #include "model/v41/model.h"
+#include "model/v4/model.h"
 #include "tokenizer/engram_token_map.h"
 #include "tokenizer/tokenizer.h"
 
@@ -69,6 +70,7 @@ json ActiveBytes(const TensorStore& store, const ModelConfig& c) {
   uint64_t dense = 0, routed_all = 0, excluded = 0, woa_numel = 0;
   for (const auto& [name, t] : store.all()) {
     if (name.rfind("mtp.", 0) == 0 || name.rfind("dspark", 0) == 0 || name.find("bias_vl") != std::string::npos ||
+        name.find("tid2eid") != std::string::npos ||
         name.rfind("vision", 0) == 0 || name == "embed.weight" || std::regex_match(name, kEngramTable)) {
       excluded += t.nbytes;
     } else if (std::regex_match(name, kExpert)) {
@@ -191,13 +193,20 @@ void RunE2e(const E2eArgs& a) {
       out["engram_token_map"] = "synthetic (id mod engram_compressed_vocab_size)";
     }
   }
+  // deepseek_v4 (model/v4/model.h): one process, the engine's per-row layout.
+  const bool is_v4 = cfg.arch == Arch::kDeepseekV4;
+  if (is_v4 && world.size() > 1)
+    Fail(ErrorKind::kInvalidArgument, "bench e2e: deepseek_v4 runs in one process only (no --ep/--dp)");
   double t0 = Now();
-  std::unique_ptr<v41::V41Model> model = v41::V41Model::Load(dir, opts);
+  std::unique_ptr<v41::V41Model> model;
+  std::unique_ptr<v4::V4Model> model4;
+  if (is_v4) model4 = v4::V4Model::Load(dir);
+  else model = v41::V41Model::Load(dir, opts);
   out["load_seconds"] = Now() - t0;
   out["ranks"] = world.size();
   out["expert_parallel_size"] = a.ep;
   out["data_parallel_size"] = a.dp;
-  {
+  if (model) {
     // Weight bytes per rank (routed experts are split; the rest replicated).
     const auto& wb = model->weight_bytes();
     const int64_t mine[4] = {wb.routed_experts, wb.engram_rows, wb.replicated, wb.packed};
@@ -229,7 +238,7 @@ void RunE2e(const E2eArgs& a) {
   std::vector<json> runs;
   for (int B : a.batches) {
     if (B < 1) Fail(ErrorKind::kInvalidArgument, "bench e2e: batch sizes must be >= 1");
-    const StateGeometry geo = model->geometry(16);
+    const StateGeometry geo = is_v4 ? model4->Geometry(16) : model->geometry(16);
     const int64_t blocks = geo.BlocksForTokens(total_tokens);
     DenseStateArena arena(geo, B, blocks * B);
     std::vector<std::vector<int32_t>> tables(B), prompts(B);
@@ -253,8 +262,19 @@ void RunE2e(const E2eArgs& a) {
       q.state = views[s];
       pb.seqs.push_back(q);
     }
+    // V4: the same chunks through V4Model::Forward (its logits in fo's layout).
+    auto forward = [&](const v41::ForwardBatch& b) {
+      if (!is_v4) {
+        model->Forward(b, &fo);
+        return;
+      }
+      std::vector<v4::V4Seq> seqs;
+      for (const v41::ForwardSeq& q : b.seqs) seqs.push_back({q.tokens, q.len, q.start_pos, q.state, true, false});
+      fo.logits = model4->Forward(seqs, /*per_row_layout=*/true);
+      fo.vocab = cfg.vocab_size;
+    };
     t0 = Now();
-    model->Forward(pb, &fo);
+    forward(pb);
     const double prefill_s = Now() - t0;
     const json prefill_regions = RegionsJson(prefill_s);
     // Decode: one token per sequence per step (greedy next token, so the
@@ -282,7 +302,7 @@ void RunE2e(const E2eArgs& a) {
         db.seqs.push_back(q);
       }
       t0 = Now();
-      model->Forward(db, &fo);
+      forward(db);
       const double dt = Now() - t0;
       steps.push_back(dt);
       decode_total += dt;

@@ -1,4 +1,5 @@
 // deepinfer make-tiny --arch deepseek_v41 OUT_DIR [--preset tiny|small|medium|large] [overrides]
+// deepinfer make-tiny --arch deepseek_v4 OUT_DIR [--preset tiny|large]   (TINY_V4_SPEC.md, make_tiny_v4.h)
 //
 // Writes the deterministic test checkpoint of shared/golden/TINY_V41_SPEC.md
 // (src/tools/make_tiny.h). The default (--preset tiny, no overrides) is
@@ -22,6 +23,7 @@
 #include "commands.h"
 #include "tokenizer/tiny_tokenizer_files.h"
 #include "tools/make_tiny.h"
+#include "tools/make_tiny_v4.h"
 
 namespace deepinfer::cli {
 
@@ -40,6 +42,10 @@ struct MakeTinyArgs {
   std::optional<int> n_layers, n_heads, o_groups, n_routed_experts, n_activated_experts, n_mtp_layers;
 };
 
+tiny::WriteOptions Options(const MakeTinyArgs& a);
+void PrintWritten(const MakeTinyArgs& a, const tiny::WriteResult& r);
+void RunMakeTinyV4(const MakeTinyArgs& a, tiny::TinyPreset preset);
+
 std::string HumanBytes(uint64_t b) {
   char buf[32];
   if (b >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ull << 30));
@@ -48,13 +54,14 @@ std::string HumanBytes(uint64_t b) {
 }
 
 void RunMakeTiny(const MakeTinyArgs& a) {
-  if (a.arch.empty()) Fail(ErrorKind::kInvalidArgument, "make-tiny: missing --arch (deepseek_v41)");
-  if (a.arch == "deepseek_v4")
-    Fail(ErrorKind::kInvalidArgument, "make-tiny --arch deepseek_v4: not implemented yet (only deepseek_v41)");
-  if (a.arch != "deepseek_v41")
-    Fail(ErrorKind::kInvalidArgument, "make-tiny: unknown --arch '{}': expected deepseek_v41 (or deepseek_v4, "
-         "not implemented yet)", a.arch);
+  if (a.arch.empty()) Fail(ErrorKind::kInvalidArgument, "make-tiny: missing --arch (deepseek_v41 or deepseek_v4)");
+  if (a.arch != "deepseek_v41" && a.arch != "deepseek_v4")
+    Fail(ErrorKind::kInvalidArgument, "make-tiny: unknown --arch '{}': expected deepseek_v41 or deepseek_v4", a.arch);
   const tiny::TinyPreset preset = tiny::ParsePreset(a.preset);
+  if (a.arch == "deepseek_v4") {
+    RunMakeTinyV4(a, preset);
+    return;
+  }
   tiny::TinyConfig c = tiny::PresetConfig(preset);
   // Overrides on top of the preset.
   if (a.dim) c.dim = *a.dim;
@@ -94,6 +101,34 @@ void RunMakeTiny(const MakeTinyArgs& a) {
     std::fputs(tiny::InferenceConfigJson(c).c_str(), stdout);
     return;
   }
+  const tiny::WriteResult r = tiny::WriteTinyCheckpoint(c, a.out_dir, Options(a));
+  PrintWritten(a, r);
+}
+
+void RunMakeTinyV4(const MakeTinyArgs& a, tiny::TinyPreset preset) {
+  if (a.moe_inter_dim || a.q_lora_rank || a.o_lora_rank || a.head_dim || a.engram_vocab_size || a.n_layers ||
+      a.n_heads || a.o_groups || a.n_routed_experts || a.n_activated_experts || a.n_mtp_layers || a.dim)
+    Fail(ErrorKind::kInvalidArgument, "make-tiny --arch deepseek_v4: size overrides are not supported; use --preset");
+  const tiny::TinyV4Config c = tiny::V4PresetConfig(preset);
+  tiny::ValidateV4Config(c);
+  if (a.list) {
+    std::fputs(tiny::V4TensorListTsv(c).c_str(), stdout);
+    return;
+  }
+  if (a.dry_run) {
+    const tiny::Layout L = tiny::BuildLayout(tiny::PlanV4Tensors(c));
+    std::printf("deepseek_v4 preset %s: %zu tensors, %llu parameters (FP4 bytes count 2), %llu data bytes, "
+                "model.safetensors %llu bytes (%s)\n",
+                a.preset.c_str(), L.tensors.size(), static_cast<unsigned long long>(L.n_params),
+                static_cast<unsigned long long>(L.data_bytes), static_cast<unsigned long long>(L.file_bytes()),
+                HumanBytes(L.file_bytes()).c_str());
+    std::fputs(tiny::V4InferenceConfigJson(c).c_str(), stdout);
+    return;
+  }
+  PrintWritten(a, tiny::WriteTinyV4Checkpoint(c, a.out_dir, Options(a)));
+}
+
+tiny::WriteOptions Options(const MakeTinyArgs& a) {
   tiny::WriteOptions opts;
   opts.force = a.force;
   if (!a.no_tokenizer) {
@@ -113,7 +148,10 @@ void RunMakeTiny(const MakeTinyArgs& a) {
         Fail(ErrorKind::kNotFound, "make-tiny: {} not found (tokenizer directory); pass --tokenizer-dir DIR with "
              "the DeepSeek-V3 tokenizer files, or --no-tokenizer", (opts.tokenizer_src_dir / f).string());
   }
-  const tiny::WriteResult r = tiny::WriteTinyCheckpoint(c, a.out_dir, opts);
+  return opts;
+}
+
+void PrintWritten(const MakeTinyArgs& a, const tiny::WriteResult& r) {
   std::printf("wrote %s (%s, %zu tensors, %llu parameters, %s) in %.2f s (model.safetensors %.2f s)\n",
               a.out_dir.c_str(), a.preset.c_str(), r.layout.tensors.size(),
               static_cast<unsigned long long>(r.layout.n_params), HumanBytes(r.layout.file_bytes()).c_str(),
@@ -126,7 +164,7 @@ void RegisterMakeTiny(CLI::App& app) {
   auto args = std::make_shared<MakeTinyArgs>();
   auto* cmd = app.add_subcommand("make-tiny",
                                  "Write the deterministic tiny test checkpoint (docs/golden/TINY_V41_SPEC.md) into OUT_DIR");
-  cmd->add_option("--arch", args->arch, "Architecture: deepseek_v41 (deepseek_v4: not implemented yet)")
+  cmd->add_option("--arch", args->arch, "Architecture: deepseek_v41 (TINY_V41_SPEC.md) or deepseek_v4 (TINY_V4_SPEC.md; presets tiny, large)")
       ;
   cmd->add_option("out_dir", args->out_dir, "Output model directory (created if missing)");
   cmd->add_option("--preset", args->preset,

@@ -17,6 +17,7 @@
 #include "deepinfer/engine.h"
 #include "engine/backend.h"
 #include "engine/parallel_runner.h"
+#include "engine/v4_backend.h"
 #include "model/v41/model.h"
 #include "parallel/communicator.h"
 #include "tokenizer/engram_token_map.h"
@@ -238,6 +239,10 @@ Communicator* ParallelWorld(const EngineArgs& args) {
 }  // namespace
 
 std::unique_ptr<Engine> Engine::Open(const EngineArgs& args) {
+  // The model type in config.json picks the model (deepseek_v4: engine/v4_backend.h).
+  if (!args.model.empty() && std::filesystem::is_regular_file(std::filesystem::path(args.model) / "config.json") &&
+      ModelConfig::Load(args.model).arch == Arch::kDeepseekV4)
+    return OpenV4Engine(args);
   Communicator* comm = ParallelWorld(args);
   if (comm && comm->rank() != 0)
     Fail(ErrorKind::kInternal, "Engine::Open on follower rank {} (call RunFollower)", comm->rank());

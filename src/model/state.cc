@@ -20,6 +20,41 @@ StateGeometry StateGeometry::FromConfig(const ModelConfig& cfg, int64_t block_si
   auto& carry = g.kinds[static_cast<int>(StateKind::kCompressorCarry)];
   auto& eng = g.kinds[static_cast<int>(StateKind::kEngram)];
   auto& hist = g.kinds[static_cast<int>(StateKind::kWindowHistory)];
+  if (cfg.arch == Arch::kDeepseekV4) {
+    // V4 (model-spec §3.2, §5.1): every block (MTP included) has a window ring;
+    // ratio-r layers page their compressed entries (r ≤ block size: block/r
+    // rows per block; r > block size, a multiple of it: one row per block, entry
+    // j in the block of its first token r·j), C4 layers also their indexer keys
+    // (block/4 rows); the compressor carries are fixed rows of FP32: kv and score
+    // rows of the attention compressor, then (C4) the indexer's, 2·coff·r rows each
+    // (coff = 2 with overlap), each coff·max(head_dim, index_head_dim) floats.
+    if (window_history)
+      Fail(ErrorKind::kInvalidArgument, "deepseek_v4: prefix caching (paged window history) is not supported");
+    for (int l = 0; l < cfg.n_layers + cfg.n_mtp_layers; ++l) {
+      win.regions.push_back({l, cfg.head_dim * 2, cfg.window_size});
+      const int r = cfg.compress_ratios.at(l);
+      if (r <= 0) continue;
+      int64_t rows = 0;
+      if (block_size % r == 0) rows = block_size / r;
+      else if (r % block_size == 0) rows = 1;
+      else
+        Fail(ErrorKind::kInvalidArgument,
+             "state block size {} and compress ratio {} of layer {}: one must be a multiple of the other", block_size,
+             r, l);
+      ckv.regions.push_back({l, cfg.head_dim * 2, rows});
+      const int coff = r == 4 ? 2 : 1;
+      const int64_t width = coff * std::max(cfg.head_dim, cfg.index_head_dim) * 4;
+      if (r == 4) {
+        if (block_size % 4 != 0)
+          Fail(ErrorKind::kInvalidArgument, "state block size {} is not a multiple of 4 (C4 layer {})", block_size, l);
+        ik.regions.push_back({l, cfg.index_head_dim * 2, block_size / 4});
+        carry.regions.push_back({l, width, 4 * coff * r});
+      } else {
+        carry.regions.push_back({l, width, 2 * coff * r});
+      }
+    }
+    return g;
+  }
   for (int l = 0; l < cfg.n_layers; ++l) {
     win.regions.push_back({l, cfg.head_dim * 2, cfg.window_size});
     if (window_history) hist.regions.push_back({l, cfg.head_dim * 2, block_size});

@@ -1,5 +1,6 @@
 // deepinfer/tools/make_tiny.cc — see make_tiny.h. Spec: shared/golden/TINY_V41_SPEC.md.
 #include "tools/make_tiny.h"
+#include "tools/py_json.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -238,131 +239,6 @@ constexpr std::string_view kGoldenHfConfig = R"json({
 )json";
 
 // ============================================================================
-// A JSON emitter that writes what Python's json.dumps(obj, indent=2) writes:
-// insertion-ordered keys, ", " never used (one item per line), ": " after keys,
-// floats in repr() form.
-// ============================================================================
-
-// Python's repr(float): shortest round-trip digits; fixed notation when the
-// decimal exponent is in [-4, 16), else d.ddde±XX; ".0" added to integers.
-std::string PyFloatRepr(double d) {
-  if (d == 0.0) return std::signbit(d) ? "-0.0" : "0.0";
-  std::string sign = d < 0 ? "-" : "";
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof buf, std::fabs(d), std::chars_format::scientific);
-  std::string s(buf, res.ptr);
-  const size_t epos = s.find('e');
-  std::string mant = s.substr(0, epos);
-  const int exp10 = std::stoi(s.substr(epos + 1));
-  std::string digits;
-  for (char ch : mant)
-    if (ch != '.') digits += ch;
-  if (exp10 >= -4 && exp10 < 16) {
-    std::string out;
-    if (exp10 >= 0) {
-      std::string ip = digits.substr(0, std::min<size_t>(digits.size(), exp10 + 1));
-      while (ip.size() < static_cast<size_t>(exp10 + 1)) ip += '0';
-      std::string fp = digits.size() > static_cast<size_t>(exp10 + 1) ? digits.substr(exp10 + 1) : "0";
-      out = ip + "." + fp;
-    } else {
-      out = "0." + std::string(-exp10 - 1, '0') + digits;
-    }
-    return sign + out;
-  }
-  std::string out = digits.substr(0, 1);
-  if (digits.size() > 1) out += "." + digits.substr(1);
-  char eb[16];
-  std::snprintf(eb, sizeof eb, "e%c%02d", exp10 < 0 ? '-' : '+', std::abs(exp10));
-  return sign + out + eb;
-}
-
-struct PyJson {
-  enum Type { kInt, kFloat, kBool, kStr, kArr, kObj } type = kInt;
-  int64_t i = 0;
-  double f = 0;
-  bool b = false;
-  std::string s;
-  std::vector<PyJson> arr;
-  std::vector<std::pair<std::string, PyJson>> obj;
-
-  static PyJson Int(int64_t v) { PyJson j; j.type = kInt; j.i = v; return j; }
-  static PyJson Float(double v) { PyJson j; j.type = kFloat; j.f = v; return j; }
-  static PyJson Bool(bool v) { PyJson j; j.type = kBool; j.b = v; return j; }
-  static PyJson Str(std::string v) { PyJson j; j.type = kStr; j.s = std::move(v); return j; }
-  template <typename T>
-  static PyJson IntList(const std::vector<T>& v) {
-    PyJson j; j.type = kArr;
-    for (auto x : v) j.arr.push_back(Int(static_cast<int64_t>(x)));
-    return j;
-  }
-  static PyJson Obj() { PyJson j; j.type = kObj; return j; }
-  PyJson& Add(std::string key, PyJson v) { obj.emplace_back(std::move(key), std::move(v)); return *this; }
-};
-
-void EmitString(const std::string& s, std::string* out) {
-  *out += '"';
-  for (unsigned char ch : s) {
-    switch (ch) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
-      default:
-        if (ch < 0x20) {
-          char b[8];
-          std::snprintf(b, sizeof b, "\\u%04x", ch);
-          *out += b;
-        } else {
-          *out += static_cast<char>(ch);
-        }
-    }
-  }
-  *out += '"';
-}
-
-void Emit(const PyJson& j, int depth, std::string* out) {
-  const std::string ind(2 * (depth + 1), ' '), ind0(2 * depth, ' ');
-  switch (j.type) {
-    case PyJson::kInt: *out += std::to_string(j.i); break;
-    case PyJson::kFloat: *out += PyFloatRepr(j.f); break;
-    case PyJson::kBool: *out += j.b ? "true" : "false"; break;
-    case PyJson::kStr: EmitString(j.s, out); break;
-    case PyJson::kArr:
-      if (j.arr.empty()) { *out += "[]"; break; }
-      *out += "[\n";
-      for (size_t k = 0; k < j.arr.size(); ++k) {
-        *out += ind;
-        Emit(j.arr[k], depth + 1, out);
-        *out += k + 1 < j.arr.size() ? ",\n" : "\n";
-      }
-      *out += ind0 + "]";
-      break;
-    case PyJson::kObj:
-      if (j.obj.empty()) { *out += "{}"; break; }
-      *out += "{\n";
-      for (size_t k = 0; k < j.obj.size(); ++k) {
-        *out += ind;
-        EmitString(j.obj[k].first, out);
-        *out += ": ";
-        Emit(j.obj[k].second, depth + 1, out);
-        *out += k + 1 < j.obj.size() ? ",\n" : "\n";
-      }
-      *out += ind0 + "}";
-      break;
-  }
-}
-
-std::string Dump(const PyJson& j) {
-  std::string out;
-  Emit(j, 0, &out);
-  out += "\n";
-  return out;
-}
-
-// ============================================================================
 // Small helpers
 // ============================================================================
 bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
@@ -398,8 +274,12 @@ std::string ScaleName(const std::string& weight_name) {
 }
 
 bool IsQuantised(TinyKind k) {
-  return k == TinyKind::kFp8Block || k == TinyKind::kEngramRows || k == TinyKind::kFp4Rows;
+  return k == TinyKind::kFp8Block || k == TinyKind::kEngramRows || k == TinyKind::kFp4Rows ||
+         k == TinyKind::kFp8Block128;
 }
+
+// Square block size of an FP8 block kind (32 for V4.1, 128 for V4).
+int FpBlock(TinyKind k) { return k == TinyKind::kFp8Block128 ? 128 : kBlock; }
 
 std::vector<int64_t> StoredShape(const PlannedTensor& t) {
   if (t.kind == TinyKind::kFp4Rows) return {t.shape[0], t.shape[1] / 2};
@@ -407,7 +287,8 @@ std::vector<int64_t> StoredShape(const PlannedTensor& t) {
 }
 
 std::vector<int64_t> ScaleShape(const PlannedTensor& t) {
-  if (t.kind == TinyKind::kFp8Block) return {t.shape[0] / kBlock, t.shape[1] / kBlock};
+  if (t.kind == TinyKind::kFp8Block || t.kind == TinyKind::kFp8Block128)
+    return {t.shape[0] / FpBlock(t.kind), t.shape[1] / FpBlock(t.kind)};
   return {t.shape[0], t.shape[1] / kBlock};
 }
 
@@ -416,8 +297,10 @@ DType WeightDType(TinyKind k) {
     case TinyKind::kBf16: return DType::kBF16;
     case TinyKind::kF32: return DType::kF32;
     case TinyKind::kFp8Block:
+    case TinyKind::kFp8Block128:
     case TinyKind::kEngramRows: return DType::kF8E4M3;
     case TinyKind::kFp4Rows: return DType::kI8;
+    case TinyKind::kTid2eid: return DType::kI64;
   }
   return DType::kF32;
 }
@@ -454,29 +337,30 @@ void EncodeElems(const PlannedTensor& t, uint64_t h, int64_t e0, int64_t e1, uin
   }
 }
 
-// Row strips [s0, s1) (32 rows each) of an FP8 block-quantised [out, in] tensor.
-// scratch: 32·in floats.
+// Row strips [s0, s1) (B rows each, B = 32 or 128 by kind) of an FP8 block-quantised [out, in] tensor.
+// scratch: B·in floats.
 bool EncodeFp8Strips(const PlannedTensor& t, uint64_t h, int64_t s0, int64_t s1, uint8_t* data,
                      uint8_t* scale, float* scratch) {
-  const int64_t in = t.shape[1], nb = in / kBlock;
+  const int B = FpBlock(t.kind);
+  const int64_t in = t.shape[1], nb = in / B;
   bool ok = true;
   for (int64_t s = s0; s < s1; ++s) {
-    const uint64_t base = static_cast<uint64_t>(s * kBlock * in);
-    for (int64_t k = 0; k < kBlock * in; ++k) scratch[k] = RuleValue(h, base + k, t.center, t.amp);
+    const uint64_t base = static_cast<uint64_t>(s * B * in);
+    for (int64_t k = 0; k < B * in; ++k) scratch[k] = RuleValue(h, base + k, t.center, t.amp);
     for (int64_t cb = 0; cb < nb; ++cb) {
       float amax = 0.0f;
-      for (int r = 0; r < kBlock; ++r) {
-        const float* row = scratch + r * in + cb * kBlock;
-        for (int c = 0; c < kBlock; ++c) amax = std::max(amax, std::fabs(row[c]));
+      for (int r = 0; r < B; ++r) {
+        const float* row = scratch + r * in + cb * B;
+        for (int c = 0; c < B; ++c) amax = std::max(amax, std::fabs(row[c]));
       }
       uint8_t sb = 0;
       ok &= ScaleByte(amax, kInv448, &sb);
       scale[s * nb + cb] = sb;
       const double inv = std::ldexp(1.0, 127 - static_cast<int>(sb));  // exact: x = v / 2^(sb−127)
-      for (int r = 0; r < kBlock; ++r) {
-        const float* row = scratch + r * in + cb * kBlock;
-        uint8_t* q = data + (s * kBlock + r) * in + cb * kBlock;
-        for (int c = 0; c < kBlock; ++c) q[c] = DoubleToE4M3(static_cast<double>(row[c]) * inv);
+      for (int r = 0; r < B; ++r) {
+        const float* row = scratch + r * in + cb * B;
+        uint8_t* q = data + (s * B + r) * in + cb * B;
+        for (int c = 0; c < B; ++c) q[c] = DoubleToE4M3(static_cast<double>(row[c]) * inv);
       }
     }
   }
@@ -518,6 +402,28 @@ bool EncodeRows(const PlannedTensor& t, uint64_t h, int64_t r0, int64_t r1, uint
   return ok;
 }
 
+// Rows [r0, r1) of the hash-routing table [vocab, k] (TINY_V4_SPEC.md §2):
+// for token t, u = u_t; e0 = u mod E, e1 = (e0 + 1 + ((u >> 3) mod (E − 1)))
+// mod E — the spec's rule, k = 2. For k > 2 (larger presets only) the same step
+// continues, e_i = (e_{i−1} + 1 + ((u >> 3i) mod (E − 1))) mod E, moving on
+// by one while e_i is already taken, so the k ids are distinct. I64 LE.
+void EncodeTid2eid(const PlannedTensor& t, uint64_t h, int64_t r0, int64_t r1, uint8_t* data) {
+  const uint64_t E = static_cast<uint64_t>(t.tid2eid_experts);
+  const int64_t k = t.shape[1];
+  std::vector<uint64_t> ids(static_cast<size_t>(k));
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint64_t u = SplitMix64(h ^ (static_cast<uint64_t>(r) * kGolden));
+    ids[0] = u % E;
+    for (int64_t i = 1; i < k; ++i) {
+      uint64_t e = (ids[i - 1] + 1 + ((u >> (3 * i)) % (E - 1))) % E;
+      while (std::find(ids.begin(), ids.begin() + i, e) != ids.begin() + i) e = (e + 1) % E;
+      ids[i] = e;
+    }
+    for (int64_t i = 0; i < k; ++i)
+      for (int b = 0; b < 8; ++b) data[(r * k + i) * 8 + b] = static_cast<uint8_t>(ids[i] >> (8 * b));
+  }
+}
+
 // One unit of parallel work: a range of one tensor.
 struct WorkItem {
   int plan = 0;
@@ -533,7 +439,10 @@ std::vector<WorkItem> MakeWork(const std::vector<PlannedTensor>& plan, int64_t t
     switch (t.kind) {
       case TinyKind::kBf16:
       case TinyKind::kF32: units = Numel(t.shape); per_unit = 1; break;
-      case TinyKind::kFp8Block: units = t.shape[0] / kBlock; per_unit = kBlock * t.shape[1]; break;
+      case TinyKind::kFp8Block:
+      case TinyKind::kFp8Block128:
+        units = t.shape[0] / FpBlock(t.kind); per_unit = FpBlock(t.kind) * t.shape[1]; break;
+      case TinyKind::kTid2eid: units = t.shape[0]; per_unit = t.shape[1]; break;
       case TinyKind::kEngramRows:
       case TinyKind::kFp4Rows: units = t.shape[0]; per_unit = t.shape[1]; break;
     }
@@ -559,7 +468,7 @@ void FillData(const std::vector<PlannedTensor>& plan, const Layout& layout, uint
   std::atomic<bool> ok{true};
 #pragma omp parallel
   {
-    std::vector<float> scratch(static_cast<size_t>(kBlock * std::max<int64_t>(max_in, 1)));
+    std::vector<float> scratch(static_cast<size_t>(128 * std::max<int64_t>(max_in, 1)));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < static_cast<int64_t>(work.size()); ++w) {
       const WorkItem& it = work[w];
@@ -570,8 +479,10 @@ void FillData(const std::vector<PlannedTensor>& plan, const Layout& layout, uint
         case TinyKind::kBf16:
         case TinyKind::kF32: EncodeElems(t, h, it.lo, it.hi, wptr[it.plan]); break;
         case TinyKind::kFp8Block:
+        case TinyKind::kFp8Block128:
           good = EncodeFp8Strips(t, h, it.lo, it.hi, wptr[it.plan], sptr[it.plan], scratch.data());
           break;
+        case TinyKind::kTid2eid: EncodeTid2eid(t, h, it.lo, it.hi, wptr[it.plan]); break;
         case TinyKind::kEngramRows:
         case TinyKind::kFp4Rows:
           good = EncodeRows(t, h, it.lo, it.hi, wptr[it.plan], sptr[it.plan], scratch.data());
@@ -1019,8 +930,10 @@ uint64_t WeightBytes(const PlannedTensor& t) {
     case TinyKind::kBf16: return 2 * n;
     case TinyKind::kF32: return 4 * n;
     case TinyKind::kFp8Block:
+    case TinyKind::kFp8Block128:
     case TinyKind::kEngramRows: return n;
     case TinyKind::kFp4Rows: return n / 2;
+    case TinyKind::kTid2eid: return 8 * n;
   }
   return 0;
 }
@@ -1038,6 +951,10 @@ Layout BuildLayout(const std::vector<PlannedTensor>& plan) {
     if (IsQuantised(t.kind)) {
       DI_CHECK(t.shape.size() == 2 && t.shape[1] % kBlock == 0);
       DI_CHECK(t.kind != TinyKind::kFp8Block || t.shape[0] % kBlock == 0);
+      DI_CHECK(t.kind != TinyKind::kFp8Block128 || (t.shape[0] % 128 == 0 && t.shape[1] % 128 == 0));
+    }
+    if (t.kind == TinyKind::kTid2eid) {
+      DI_CHECK(t.shape.size() == 2 && t.shape[1] >= 1 && t.shape[1] <= t.tid2eid_experts && t.tid2eid_experts >= 2);
     }
     FileTensor w;
     w.name = t.name;
@@ -1088,9 +1005,11 @@ void EncodeTensor(const PlannedTensor& t, uint8_t* data, uint8_t* scale) {
     case TinyKind::kBf16:
     case TinyKind::kF32: EncodeElems(t, h, 0, Numel(t.shape), data); break;
     case TinyKind::kFp8Block:
-      scratch.resize(static_cast<size_t>(kBlock * t.shape[1]));
-      ok = EncodeFp8Strips(t, h, 0, t.shape[0] / kBlock, data, scale, scratch.data());
+    case TinyKind::kFp8Block128:
+      scratch.resize(static_cast<size_t>(FpBlock(t.kind) * t.shape[1]));
+      ok = EncodeFp8Strips(t, h, 0, t.shape[0] / FpBlock(t.kind), data, scale, scratch.data());
       break;
+    case TinyKind::kTid2eid: EncodeTid2eid(t, h, 0, t.shape[0], data); break;
     case TinyKind::kEngramRows:
     case TinyKind::kFp4Rows:
       scratch.resize(static_cast<size_t>(t.shape[1]));
@@ -1281,8 +1200,9 @@ std::string IndexJson(const Layout& layout) {
   return out;
 }
 
-std::string TensorListTsv(const TinyConfig& c) {
-  const std::vector<PlannedTensor> plan = PlanTensors(c);
+std::string TensorListTsv(const TinyConfig& c) { return PlanListTsv(PlanTensors(c)); }
+
+std::string PlanListTsv(const std::vector<PlannedTensor>& plan) {
   const Layout L = BuildLayout(plan);
   std::string out = "tensor\tdtype\tshape\tvalues_from\tlogical_shape\tcenter\tamp\tencoding\n";
   for (const FileTensor& ft : L.tensors) {
@@ -1297,6 +1217,8 @@ std::string TensorListTsv(const TinyConfig& c) {
         case TinyKind::kFp8Block: enc = "fp8_block32x32"; break;
         case TinyKind::kEngramRows: enc = "fp8_row_group32"; break;
         case TinyKind::kFp4Rows: enc = "fp4_e2m1_group32_packed"; break;
+        case TinyKind::kFp8Block128: enc = "fp8_block128x128"; break;
+        case TinyKind::kTid2eid: enc = "tid2eid_hash"; break;
       }
     }
     out += ft.name + "\t" + ft.dtype + "\t" + ShapeList(ft.shape, ", ") + "\t" + t.name + "\t" +
@@ -1314,10 +1236,10 @@ void WriteTokenizerFiles(const TinyConfig& c, const std::filesystem::path& src_d
   WriteTinyTokenizerFiles(src_dir, out_dir, c.vocab_size);
 }
 
-WriteResult WriteTinyCheckpoint(const TinyConfig& c, const std::filesystem::path& out_dir,
-                                const WriteOptions& opts) {
+WriteResult WritePlannedCheckpoint(const std::vector<PlannedTensor>& plan, std::string_view hf_config,
+                                   std::string_view inference_config, int64_t vocab_size,
+                                   const std::filesystem::path& out_dir, const WriteOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
-  ValidateConfig(c);
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::exists(out_dir, ec)) {
@@ -1330,17 +1252,23 @@ WriteResult WriteTinyCheckpoint(const TinyConfig& c, const std::filesystem::path
   if (ec) Fail(ErrorKind::kInvalidArgument, "cannot create {}: {}", (out_dir / "inference").string(), ec.message());
 
   WriteResult res;
-  const std::vector<PlannedTensor> plan = PlanTensors(c);
   res.layout = BuildLayout(plan);
   const auto tw = std::chrono::steady_clock::now();
   WriteSafetensors(plan, res.layout, out_dir / "model.safetensors");
   res.weights_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count();
   WriteWholeFile(out_dir / "model.safetensors.index.json", IndexJson(res.layout));
-  WriteWholeFile(out_dir / "config.json", HfConfigJson(c));
-  WriteWholeFile(out_dir / "inference" / "config.json", InferenceConfigJson(c));
-  WriteTokenizerFiles(c, opts.tokenizer_src_dir, out_dir);
+  WriteWholeFile(out_dir / "config.json", hf_config);
+  WriteWholeFile(out_dir / "inference" / "config.json", inference_config);
+  if (!opts.tokenizer_src_dir.empty()) WriteTinyTokenizerFiles(opts.tokenizer_src_dir, out_dir, vocab_size);
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
+}
+
+WriteResult WriteTinyCheckpoint(const TinyConfig& c, const std::filesystem::path& out_dir,
+                                const WriteOptions& opts) {
+  ValidateConfig(c);
+  return WritePlannedCheckpoint(PlanTensors(c), HfConfigJson(c), InferenceConfigJson(c), c.vocab_size, out_dir,
+                                opts);
 }
 
 }  // namespace deepinfer::tiny

@@ -203,6 +203,8 @@ enum class TinyKind {
   kFp8Block,    // .weight F8_E4M3 [out,in] + .scale F8_E8M0 [out/32, in/32]
   kEngramRows,  // .weight F8_E4M3 [rows,C] + .scale F8_E8M0 [rows, C/32]
   kFp4Rows,     // .weight I8 [out, in/2] + .scale F8_E8M0 [out, in/32]
+  kFp8Block128, // .weight F8_E4M3 [out,in] + .scale F8_E8M0 [out/128, in/128] (V4, TINY_V4_SPEC.md §3)
+  kTid2eid,     // I64 [vocab, 2] hash-routing table (V4, TINY_V4_SPEC.md §2); center/amp unused
 };
 struct PlannedTensor {
   std::string name;              // the hashed name (".weight" for quantised tensors)
@@ -210,6 +212,7 @@ struct PlannedTensor {
   std::vector<int64_t> shape;    // logical shape (1-D or 2-D)
   double center = 0.0;
   double amp = 1.0;
+  int tid2eid_experts = 0;       // kTid2eid only: the number of routed experts E (ids in [0, E))
 };
 // Every value tensor the config implies, in plan order (spec §4). Quantised
 // ones produce two file tensors (weight + scale).
@@ -258,6 +261,8 @@ std::string_view GoldenTinyInferenceConfigJson();
 std::string_view GoldenTinyHfConfigJson();
 // The TSV of make_tiny_v41.py --list (TINY_V41_TENSORS.tsv for the tiny config).
 std::string TensorListTsv(const TinyConfig& c);
+// The same TSV for any plan (the V4 generator's --list).
+std::string PlanListTsv(const std::vector<PlannedTensor>& plan);
 
 // ---------------------------------------------------------------- writing
 struct WriteOptions {
@@ -279,6 +284,15 @@ struct WriteResult {
 // written to a temporary name and renamed into place.
 WriteResult WriteTinyCheckpoint(const TinyConfig& c, const std::filesystem::path& out_dir,
                                 const WriteOptions& opts = {});
+// The writer shared by both architectures: refuses a non-empty OUT_DIR
+// unless opts.force, then writes model.safetensors (from `plan`),
+// model.safetensors.index.json, config.json = hf_config,
+// inference/config.json = inference_config and the tokenizer files (vocab
+// padded to vocab_size). WriteTinyCheckpoint and the V4 generator
+// (make_tiny_v4.h) call it after validating their configs.
+WriteResult WritePlannedCheckpoint(const std::vector<PlannedTensor>& plan, std::string_view hf_config,
+                                   std::string_view inference_config, int64_t vocab_size,
+                                   const std::filesystem::path& out_dir, const WriteOptions& opts);
 // Writes OUT_DIR/tokenizer.json and tokenizer_config.json from SRC_DIR with
 // WriteTinyTokenizerFiles (vocab padded to c.vocab_size with reserved special
 // tokens). Nothing when src_dir is empty. The place to extend for other files.

@@ -1,0 +1,84 @@
+// deepinfer/model/v4/ops.h — scalar reference operators of the DeepSeek-V4
+// (`deepseek_v4`) forward pass that differ from V4.1's (kernels/ref/ref_ops.h).
+//
+// The V4 golden vectors (shared golden README_V4.md) come from DeepSeek's V4
+// model.py with a CPU port of its tilelang kernels; the kernels' semantics are
+// (model-spec §3.1, README_V4 "The CPU kernel port"):
+//   * FP8 / FP4 GEMM: one K block (128 for FP8, 32-wide weight groups for FP4)
+//     at a time; the block's partial product is the correctly rounded FP32 of
+//     the exact sum (formed here in double, where it is exact), then
+//     acc = acc + partial·(s_a·s_w) in FP32 in K order; BF16 out.
+//   * sparse attention: the candidate list in chunks of 64 (−1 = absent);
+//     per chunk the q·k dots, the probability sum and P·V are exact sums
+//     rounded once to FP32; exp correctly rounded (double exp → FP32); running
+//     max from −∞; probabilities rounded to BF16 for P·V; sink added at the end.
+//   * hc_split_sinkhorn: FP32 operations in the kernel's order, 4-term sums left
+//     to right, sigmoid(x) = 1/(1+exp(−x)) with the correctly rounded exp.
+//   * Hadamard: natural-order butterfly in FP32 (strides 1, 2, …, n/2), ×scale, BF16.
+// Torch-level operations of model.py (norms, RoPE, BF16/FP32 linears, the
+// collapse/expand of mHC, softplus, silu) are the V4.1 operators, which
+// reproduce the same torch build (ref_ops.h / ref_math.h).
+//
+// Conventions as ref_ops.h: float arrays holding BF16-exact values where the
+// reference stores BF16; rows independent; no throwing (shapes are the
+// model's contract, checked at load).
+#pragma once
+
+#include <cstdint>
+
+namespace deepinfer::v4 {
+
+// FP8 E4M3 weight [out, in] with UE8M0 scales [ceil(out/128), in/128].
+struct Fp8Weight {
+  const uint8_t* w = nullptr;
+  const uint8_t* scale = nullptr;
+  int64_t out = 0, in = 0;
+};
+// FP4 E2M1 packed weight [out, in/2] with UE8M0 scales [out, in/32].
+struct Fp4Weight {
+  const uint8_t* w = nullptr;
+  const uint8_t* scale = nullptr;
+  int64_t out = 0, in = 0;
+};
+
+// y [M, out] = BF16(fp8_gemm(act_quant(x, 128), W)). x [M, in] BF16 values, in % 128 == 0.
+void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, float* y);
+// y [M, out] = BF16(fp4_gemm(act_quant(x, 128), W)): K in 32-wide groups, the
+// activation scale of the enclosing 128 block. in % 128 == 0.
+void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, float* y);
+// The scalar oracles of the two (one double accumulator in increasing k);
+// LinearFp8/LinearFp4 are bit-identical to them (exact block sums in any order,
+// 8 accumulators, byte tables, rows × outputs in parallel).
+void LinearFp8Ref(const float* x, int64_t M, const Fp8Weight& w, float* y);
+void LinearFp4Ref(const float* x, int64_t M, const Fp4Weight& w, float* y);
+
+// Correctly rounded FP32 exp (double exp, one rounding).
+float Exp32(float x);
+
+// Sparse attention with sink for one query row: q [H, D] BF16 values; the list
+// has `list_len` entries, entry i is kv row `rows[i]` or absent when rows[i] is
+// null; chunks of 64 in list order. sink [H] FP32. out [H, D] BF16.
+void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* rows, int64_t list_len,
+                     const float* sink, float softmax_scale, float* out);
+
+// mHC mixes of one site for M rows (model.py hc_pre + hc_split_sinkhorn):
+// X [M, hc, d] BF16 values; ρ = 1/sqrt(mean(f²) + norm_eps) over the hc·d values
+// (torch sum order); m = (F·f)·ρ with F [mix, hc·d] FP32 (sequential FP32 sums);
+// then the kernel: pre = σ(m·a₀ + b) + ε, post = 2σ(m·a₁ + b), comb = Sinkhorn.
+// pre [M, hc], post [M, hc], comb [M, hc, hc] (comb[j][k]: source j, target k).
+void HcMixes(const float* X, int64_t M, int hc, int64_t d, const float* fn, const float* base, const float* scale,
+             float norm_eps, int sinkhorn_iters, float hc_eps, float* pre, float* post, float* comb);
+
+// fast_hadamard_transform of one BF16 row of n (power of two) values, ×scale, BF16, in place.
+void Hadamard(float* x, int64_t n, float scale);
+
+// Sum of n floats in torch's order for a reduction over a non-innermost
+// dimension (vectorized_outer_sum → multi_row_sum: a cascade of sequential
+// sums whose level step is 2^max(4, ceil(log2 n)/4)).
+float OuterSum(const float* v, int64_t n);
+
+// Indices of the k largest of v[0..n) in descending value order, equal values
+// by ascending index (the golden run's stable top-k rule). idx [k].
+void StableTopK(const float* v, int64_t n, int64_t k, int64_t* idx);
+
+}  // namespace deepinfer::v4
