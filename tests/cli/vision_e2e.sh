@@ -4,13 +4,14 @@
 # streaming and not, gives generate's text for the same input; bad images are
 # 400s; text-only requests are bit-identical with and without an image request
 # in the batch. Usage: vision_e2e.sh <path-to-deepinfer> <source-dir>
-# Uses $DEEPINFER_TINY_VISION_DIR when it holds the checkpoint, else makes one.
+# Uses $DEEPINFER_TINY_VISION_DIR (else $DEEPINFER_TINY_DIR-vision, ctest's fixture) when it holds the
+# checkpoint, else makes one.
 set -euo pipefail
 BIN=$(realpath "$1")
 SRC=$(realpath "$2")
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-MODEL="${DEEPINFER_TINY_VISION_DIR:-}"
+MODEL="${DEEPINFER_TINY_VISION_DIR:-${DEEPINFER_TINY_DIR:+${DEEPINFER_TINY_DIR}-vision}}"
 if [ -z "$MODEL" ] || [ ! -f "$MODEL/config.json" ] || [ ! -f "$MODEL/tokenizer.json" ]; then
   MODEL="$WORK/tiny-vision"
   "$BIN" make-tiny --arch deepseek_v41 --vision "$MODEL" >/dev/null

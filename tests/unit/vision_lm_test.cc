@@ -28,6 +28,14 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 const fs::path kData = fs::path(DEEPINFER_TEST_DATA);
 
+// The vision checkpoint: DEEPINFER_TINY_VISION_DIR, else DEEPINFER_TINY_DIR + "-vision"
+// (ctest's fixture makes both).
+std::string VisionDir() {
+  if (const char* v = std::getenv("DEEPINFER_TINY_VISION_DIR"); v && *v) return v;
+  if (const char* t = std::getenv("DEEPINFER_TINY_DIR"); t && *t) return std::string(t) + "-vision";
+  return "";
+}
+
 std::vector<float> ReadF32(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   std::vector<char> b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -47,8 +55,8 @@ const json& Golden() {
 class VisionLm : public ::testing::Test {
  public:
   static void SetUpTestSuite() {
-    const char* dir = std::getenv("DEEPINFER_TINY_VISION_DIR");
-    if (!dir || !*dir || !fs::exists(fs::path(dir) / "model.safetensors")) return;
+    const std::string dir = VisionDir();
+    if (dir.empty() || !fs::exists(fs::path(dir) / "model.safetensors")) return;
     V41Options opt;
     opt.engram_token_map_file = kData / "golden-tiny-v41" / "engram_token_map.i32";
     model_ = V41Model::Load(dir, opt).release();
@@ -58,7 +66,7 @@ class VisionLm : public ::testing::Test {
     model_ = nullptr;
   }
   void SetUp() override {
-    if (!model_) GTEST_SKIP() << "DEEPINFER_TINY_VISION_DIR not set";
+    if (!model_) GTEST_SKIP() << "no vision checkpoint: set DEEPINFER_TINY_VISION_DIR (or DEEPINFER_TINY_DIR, next to which ctest makes DIR-vision)";
   }
 
   struct Seq {

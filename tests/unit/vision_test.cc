@@ -15,6 +15,8 @@
 
 #include <gtest/gtest.h>
 #include <zlib.h>
+#include <cstdio>
+#include <jpeglib.h>
 
 #include "base/error.h"
 #include "format/numerics.h"
@@ -28,6 +30,14 @@ namespace {
 
 namespace fs = std::filesystem;
 const fs::path kData = fs::path(DEEPINFER_TEST_DATA) / "vision";
+
+// The vision checkpoint: DEEPINFER_TINY_VISION_DIR, else DEEPINFER_TINY_DIR + "-vision"
+// (ctest's fixture makes both).
+std::string VisionDir() {
+  if (const char* v = std::getenv("DEEPINFER_TINY_VISION_DIR"); v && *v) return v;
+  if (const char* t = std::getenv("DEEPINFER_TINY_DIR"); t && *t) return std::string(t) + "-vision";
+  return "";
+}
 
 std::string ReadBytes(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -160,17 +170,65 @@ TEST(VisionPreprocess, BadImagesNameTheProblem) {
   EXPECT_NE(msg("\xff\xd8\xff\xe0garbage").find("undecodable JPEG"), std::string::npos);
 }
 
+// JPEG bytes of a smooth w×h image (channels 3 or 1) at quality 100, made with libjpeg.
+std::string EncodeJpeg(int w, int h, int channels) {
+  jpeg_compress_struct c;
+  jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&c, &buf, &size);
+  c.image_width = w;
+  c.image_height = h;
+  c.input_components = channels;
+  c.in_color_space = channels == 3 ? JCS_RGB : JCS_GRAYSCALE;
+  jpeg_set_defaults(&c);
+  jpeg_set_quality(&c, 100, TRUE);
+  jpeg_start_compress(&c, TRUE);
+  std::vector<unsigned char> row(static_cast<size_t>(w) * channels);
+  while (c.next_scanline < c.image_height) {
+    const int y = static_cast<int>(c.next_scanline);
+    for (int x = 0; x < w; ++x)
+      for (int ch = 0; ch < channels; ++ch) row[x * channels + ch] = static_cast<unsigned char>(20 + x + 2 * y + 40 * ch);
+    JSAMPROW r = row.data();
+    jpeg_write_scanlines(&c, &r, 1);
+  }
+  jpeg_finish_compress(&c);
+  std::string out(reinterpret_cast<char*>(buf), size);
+  jpeg_destroy_compress(&c);
+  std::free(buf);
+  return out;
+}
+
+TEST(VisionPreprocess, JpegDecodesToRgb) {
+  for (int channels : {3, 1}) {
+    SCOPED_TRACE("channels " + std::to_string(channels));
+    const RgbImage img = DecodeImage(EncodeJpeg(40, 24, channels));
+    ASSERT_EQ(img.width, 40);
+    ASSERT_EQ(img.height, 24);
+    int worst = 0;
+    for (int y = 0; y < 24; ++y)
+      for (int x = 0; x < 40; ++x)
+        for (int ch = 0; ch < 3; ++ch) {
+          const int want = 20 + x + 2 * y + 40 * (channels == 3 ? ch : 0);
+          worst = std::max(worst, std::abs(int(img.rgb[(y * 40 + x) * 3 + ch]) - want));
+        }
+    EXPECT_LE(worst, 4);  // lossy, quality 100, smooth image
+  }
+}
+
 class VisionTowerGolden : public ::testing::Test {
  public:
   static void SetUpTestSuite() {
-    const char* dir = std::getenv("DEEPINFER_TINY_VISION_DIR");
-    if (!dir || !*dir || !fs::exists(fs::path(dir) / "model.safetensors")) return;
+    const std::string dir = VisionDir();
+    if (dir.empty() || !fs::exists(fs::path(dir) / "model.safetensors")) return;
     store_ = TensorStore::Open(dir).release();
     cfg_ = new ModelConfig(ModelConfig::Load(dir));
     tower_ = VisionTower::Bind(*store_, *cfg_).release();
   }
   void SetUp() override {
-    if (!tower_) GTEST_SKIP() << "DEEPINFER_TINY_VISION_DIR not set";
+    if (!tower_) GTEST_SKIP() << "no vision checkpoint: set DEEPINFER_TINY_VISION_DIR (or DEEPINFER_TINY_DIR, next to which ctest makes DIR-vision)";
   }
   static TensorStore* store_;
   static ModelConfig* cfg_;
