@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libboost-dev  # Boost.Beast + Boost.Asio: the HTTP server (src/server/http_transport.h)
   libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev libzstd-dev libicu-dev
+  libpng-dev libjpeg62-turbo-dev  # image inputs (src/vision: PNG / JPEG decoding)
   libopenmpi-dev openmpi-bin  # MPI scale-out (docs/parallel.md)
   nodejs python3 python3-numpy
   gnuplot-nox  # PNG plots of `deepinfer bench`

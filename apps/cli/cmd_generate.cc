@@ -23,9 +23,12 @@
 #include <map>
 #include <set>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "model/config.h"
+#include "vision/image_source.h"
 #include "commands.h"
 #include "engine/parallel_runner.h"
 #include "engine_flags.h"
@@ -95,6 +98,8 @@ void RunGenerate(const GenerateOptions& o) {
 
   auto engine = Engine::Open(args);
   const Tokenizer* tok = engine->tokenizer();
+  std::optional<ModelConfig> vision_cfg;  // set for a model with a vision tower
+  if (ModelConfig c = ModelConfig::Load(args.model); c.vision_enabled()) vision_cfg = c;
   SamplingLimits limits;
   limits.vocab_size = engine->vocab_size();
   limits.max_logprobs = args.max_logprobs;
@@ -124,7 +129,7 @@ void RunGenerate(const GenerateOptions& o) {
           "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "seed",
           "max_tokens", "min_tokens", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos",
           "logprobs", "prompt_logprobs", "response_format", "guided_json", "guided_regex", "guided_choice",
-          "guided_grammar", "structured_outputs"};
+          "guided_grammar", "structured_outputs", "images"};
       for (const auto& [key, value] : j.items())
         if (!kKnown.contains(key))
           Fail(ErrorKind::kInvalidArgument, "unknown field \"{}\" (input lines take prompt | messages | prompt_token_ids, request_id, "
@@ -158,9 +163,23 @@ void RunGenerate(const GenerateOptions& o) {
         }
         // Key order matters to the renderer (tool arguments are dumped as written).
         const auto ordered = nlohmann::ordered_json::parse(line);
-        req.prompt_token_ids = EncodeChat(*tok, ordered["messages"], chat);
+        if (vision_cfg) {  // image blocks: data: URLs or local files (docs/vision.md)
+          int n_images = 0;
+          std::vector<int32_t> ids = EncodeChatWithImages(*tok, ordered["messages"], chat,
+                                                          static_cast<int32_t>(vision_cfg->image_token_id), &n_images);
+          if (n_images > 0) {
+            req.images = vision::CollectImages(j["messages"], vision::VisionGeometry::FromConfig(*vision_cfg),
+                                               /*allow_files=*/true);
+            ids = vision::ExpandPlaceholders(ids, static_cast<int32_t>(vision_cfg->image_token_id), req.images);
+          }
+          req.prompt_token_ids = std::move(ids);
+        } else {
+          req.prompt_token_ids = EncodeChat(*tok, ordered["messages"], chat);
+        }
         thinking = chat.thinking;
       } else {
+        if (j.contains("images") && !j.contains("prompt_token_ids"))
+          Fail(ErrorKind::kInvalidArgument, "images go with prompt_token_ids; with messages use image_url content blocks");
         const json& ids = j["prompt_token_ids"];
         if (!ids.is_array()) Fail(ErrorKind::kInvalidArgument, "prompt_token_ids must be an array of integers");
         std::vector<int32_t> v;
@@ -173,6 +192,22 @@ void RunGenerate(const GenerateOptions& o) {
           v.push_back(static_cast<int32_t>(t));
         }
         req.prompt_token_ids = std::move(v);
+        if (j.contains("images")) {  // one image per image_token_id of the ids (docs/vision.md)
+          if (!vision_cfg) Fail(ErrorKind::kInvalidArgument, "images: the model has no vision tower");
+          if (!j["images"].is_array()) Fail(ErrorKind::kInvalidArgument, "images must be an array of URLs or paths");
+          const vision::VisionGeometry g = vision::VisionGeometry::FromConfig(*vision_cfg);
+          for (size_t k = 0; k < j["images"].size(); ++k) {
+            const json& u = j["images"][k];
+            if (!u.is_string()) Fail(ErrorKind::kInvalidArgument, "images[{}] must be a string (data: URL or path)", k);
+            const std::string field = fmt::format("images[{}]", k);
+            const std::string bytes = vision::ImageUrlBytes(u.get<std::string>(), field, /*allow_files=*/true);
+            try {
+              req.images.push_back(std::make_shared<const vision::PreparedImage>(vision::PrepareImage(bytes, g)));
+            } catch (const Error& e) {
+              Fail(ErrorKind::kInvalidArgument, "{}: {}", field, e.what());
+            }
+          }
+        }
       }
       req.params = SamplingParams::FromJson(j, defaults, limits);
       // Structured output (the API's fields; response_format only with messages, as on the chat endpoint).

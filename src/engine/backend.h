@@ -16,6 +16,10 @@ namespace deepinfer {
 // One sequence's chunk in a forward call.
 struct BackendSeq {
   const int32_t* tokens = nullptr;  // [len] token ids of this chunk (positions start_pos ...)
+  // Image spans (docs/vision.md; nullptr = all TEXT): token types [len] and
+  // embeddings [len, dim] for the positions with a type >= 0 (v41::ForwardSeq).
+  const int8_t* token_types = nullptr;
+  const float* embeds = nullptr;
   int64_t len = 0;
   int64_t start_pos = 0;            // absolute position of tokens[0]
   SequenceStateView state;          // where this sequence's state rows live

@@ -21,6 +21,10 @@
 #include "structured/matcher.h"
 #include "tokenizer/detokenizer.h"
 #include "tokenizer/tokenizer.h"
+#include "engine/image_inputs.h"
+#include "format/safetensors.h"
+#include "vision/vit.h"
+#include <deque>
 
 namespace deepinfer {
 
@@ -57,6 +61,7 @@ struct RequestRecord {
   std::string finish_reason;
   std::string error;
   std::optional<std::variant<std::string, int64_t>> stop_reason;
+  RequestImages images;  // image spans of the prompt (docs/vision.md); empty for text
   // Output accumulated since the last Step() return.
   RequestOutput pending;
   bool has_pending = false;
@@ -73,6 +78,9 @@ struct EngineShard {
 struct Engine::Impl {
   EngineArgs args;
   std::unique_ptr<ModelBackend> backend;
+  // The vision tower (vision models), bound at the first image request.
+  std::unique_ptr<TensorStore> vision_store;
+  std::unique_ptr<vision::VisionTower> vision;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<CachePool> pool;  // this process's pool: shard 0's
   std::vector<EngineShard> shards;
@@ -325,6 +333,19 @@ uint64_t Engine::Submit(const GenerateRequest& req) {
   }
   const int64_t vocab = m.backend->vocab_size();
   if (ids.empty()) Fail(ErrorKind::kInvalidArgument, "{}: prompt is empty", label);
+  RequestImages images;
+  if (!req.images.empty()) {
+    if (m.args.expert_parallel_size > 1 || m.shards.size() > 1)
+      Fail(ErrorKind::kInvalidArgument, "{}: images are not supported with --ep/--dp > 1 yet", label);
+    if (!m.backend->config().vision_enabled())
+      Fail(ErrorKind::kInvalidArgument, "{}: the model has no vision tower (vision_config); it cannot take images",
+           label);
+    if (!m.vision) {
+      m.vision_store = TensorStore::Open(m.args.model);
+      m.vision = vision::VisionTower::Bind(*m.vision_store, m.backend->config());
+    }
+    images = ExpandImages(*m.vision, m.backend->config(), &ids, req.images, label);
+  }
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || ids[i] >= vocab)
       Fail(ErrorKind::kInvalidArgument, "{}: prompt_token_ids[{}] = {} is outside the vocabulary [0, {})", label, i, ids[i],
@@ -343,6 +364,7 @@ uint64_t Engine::Submit(const GenerateRequest& req) {
   rec->request_id = req.request_id;
   rec->params = req.params;
   rec->num_prompt_tokens = n;
+  rec->images = std::move(images);
   if (req.params.prompt_logprobs) {
     rec->wants_prompt_logprobs = true;
     rec->prompt_logprobs.reserve(static_cast<size_t>(n));
@@ -376,6 +398,7 @@ uint64_t Engine::Submit(const GenerateRequest& req) {
   rec->shard = best;
   // prompt_logprobs needs every prompt row's logits: such a request bypasses the prefix cache.
   m.Sched(*rec).Add(rec->id, std::move(ids), max_tokens, /*cacheable=*/!req.params.prompt_logprobs);  // throws first
+  if (!rec->images.empty()) m.Sched(*rec).SetImageKeys(rec->id, rec->images.keys);
   ++m.shards[static_cast<size_t>(best)].requests;
   m.requests[rec->id] = std::move(rec);
   return m.next_id++;
@@ -401,6 +424,11 @@ struct ShardStep {
   int64_t num_rows = 0;
   bool any_all_logits = false;
   std::vector<std::optional<std::string>> row_error;
+  // Image chunks: per plan seq, the chunk's token types / embeddings and the
+  // masked Engram look-back of a restore (deques: stable addresses).
+  std::deque<std::vector<int8_t>> image_types;
+  std::deque<std::vector<float>> image_embeds;
+  std::deque<std::vector<int32_t>> restore_ids;
 };
 
 // Batch metadata of a shard's plan (shard 0 addresses this process's pool;
@@ -425,6 +453,12 @@ void BuildShardStep(Engine::Impl& m, int shard, ShardStep* st, int64_t pad_seqs_
       b.restore_prefix = q.restore_prefix;
       b.num_restore_tokens = std::min<int64_t>(q.restore_prefix, 16);
       b.restore_tokens = ss->token_ids.data() + q.restore_prefix - b.num_restore_tokens;
+      const RequestImages& im = m.requests.at(q.id)->images;
+      if (!im.empty()) {  // image positions are DEAD for Engram
+        st->restore_ids.emplace_back(b.restore_tokens, b.restore_tokens + b.num_restore_tokens);
+        im.MaskLookback(q.restore_prefix - b.num_restore_tokens, b.num_restore_tokens, st->restore_ids.back().data());
+        b.restore_tokens = st->restore_ids.back().data();
+      }
     }
     if (q.fresh_slot) {
       RequestRecord& rr = *m.requests.at(q.id);
@@ -443,6 +477,17 @@ void BuildShardStep(Engine::Impl& m, int shard, ShardStep* st, int64_t pad_seqs_
     b.want_logits = q.sample;
     b.all_logits = NeedsPromptRows(*m.requests.at(q.id), q);
     b.reset_state = q.fresh_slot;
+    {
+      const RequestImages& im = m.requests.at(q.id)->images;
+      std::vector<int8_t> types;
+      std::vector<float> rows;
+      if (!im.empty() && im.Chunk(q.start, q.len, &types, &rows)) {
+        st->image_types.push_back(std::move(types));
+        st->image_embeds.push_back(std::move(rows));
+        b.token_types = st->image_types.back().data();
+        b.embeds = st->image_embeds.back().data();
+      }
+    }
     st->seqs.push_back(b);
     if (q.start < ss->num_prompt_tokens)
       m.stats.prompt_tokens_total += std::min(q.start + q.len, ss->num_prompt_tokens) - q.start;

@@ -117,6 +117,8 @@ class V41Backend : public ModelBackend {
     for (const BackendSeq& s : shards[0]) {
       v41::ForwardSeq f;
       f.tokens = s.tokens;
+      f.token_types = s.token_types;
+      f.embeds = s.embeds;
       f.len = s.len;
       f.start_pos = s.start_pos;
       f.state = s.state;

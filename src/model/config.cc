@@ -612,6 +612,13 @@ ModelConfig ParseV41(const json& root, const std::string& src) {
     c.vision_inter_dim = vc.Int("intermediate_size", 1, 1 << 24);
     c.vision_patch_size = vc.I32("patch_size", 1, 4096);
     c.vision_downsample_ratio = vc.I32("downsample_ratio", 1, 64);
+    c.vision_max_n_token = vc.Find("max_n_token") ? vc.Int("max_n_token", 3, 1 << 24) : 16384;
+    c.vision_min_pixels = vc.Find("min_pixels") ? vc.Int("min_pixels", 0, int64_t{1} << 40) : 0;
+    if (const json* r = vc.Find("max_wh_ratio"); r && !r->is_null()) c.vision_max_wh_ratio = vc.PositiveNum("max_wh_ratio");
+    if (vc.Find("rope_theta")) c.vision_rope_theta = vc.PositiveNum("rope_theta");
+    if (c.vision_n_layers > 0 && c.vision_dim % (4 * c.vision_n_heads) != 0)
+      vc.BadValue(vc.Path("hidden_size"), fmt::format("expected a multiple of 4 x num_attention_heads ({}), found {}",
+                                                       c.vision_n_heads, c.vision_dim));
   }
 
   // Engram consistency (model-spec §3.3.2).

@@ -163,13 +163,20 @@ struct ModelConfig {
 
   // Vision (V4.1); 0 layers = off. Read from the optional "vision_config"
   // object (keys num_hidden_layers, hidden_size, num_attention_heads,
-  // intermediate_size, patch_size, downsample_ratio); absent → off.
+  // intermediate_size, patch_size, downsample_ratio; optional max_n_token,
+  // min_pixels, max_wh_ratio (null = none), rope_theta with the release's
+  // defaults below); absent → off.
   int vision_n_layers = 0;
   int64_t vision_dim = 0;
   int vision_n_heads = 0;
   int64_t vision_inter_dim = 0;
   int vision_patch_size = 0;
   int vision_downsample_ratio = 0;
+  int64_t vision_max_n_token = 0;         // span length cap (tokens per image)
+  int64_t vision_min_pixels = 0;          // smaller images are upscaled in the plan
+  double vision_max_wh_ratio = 0;         // 0: null (no width clamp)
+  double vision_rope_theta = 10000.0;
+  bool vision_enabled() const { return vision_n_layers > 0; }
   int64_t image_token_id = -1;
 
   // Quantisation (quantization_config).

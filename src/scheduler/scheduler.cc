@@ -90,6 +90,12 @@ void Scheduler::Add(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens
   waiting_.push_back(id);
 }
 
+void Scheduler::SetImageKeys(uint64_t id, std::vector<ImageKey> keys) {
+  SeqState& s = Mut(id);
+  DI_CHECK(s.block_keys.empty());
+  s.image_keys = std::move(keys);
+}
+
 void Scheduler::FreeResources(SeqState& s) {
   if (!s.block_table.empty()) blocks_.Free(s.block_table);
   s.block_table.clear();
@@ -102,7 +108,10 @@ uint64_t Scheduler::KeyOf(SeqState& s, int64_t b) {
   DI_CHECK((b + 1) * bs <= static_cast<int64_t>(s.token_ids.size()));
   while (static_cast<int64_t>(s.block_keys.size()) <= b) {
     const int64_t i = static_cast<int64_t>(s.block_keys.size());
-    const uint64_t parent = i == 0 ? kRootKey : s.block_keys.back();
+    uint64_t parent = i == 0 ? kRootKey : s.block_keys.back();
+    for (const ImageKey& k : s.image_keys)  // an image span's content is part of its blocks' keys
+      if (k.begin < (i + 1) * bs && k.end > i * bs)
+        parent = BlockManager::BlockKey(parent ^ k.hash, std::span<const int32_t>());
     s.block_keys.push_back(
         BlockManager::BlockKey(parent, std::span<const int32_t>(s.token_ids.data() + i * bs, static_cast<size_t>(bs))));
   }

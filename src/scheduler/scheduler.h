@@ -53,6 +53,14 @@ enum class RequestStatus { kWaiting, kRunning, kFinished };
 enum class SeqFinishReason { kNone, kStop, kLength, kAbort, kError };
 const char* SeqFinishReasonName(SeqFinishReason r);  // "stop", "length", "abort", "error", ""
 
+// An image span of a prompt (docs/vision.md): positions [begin, end) and the
+// image's content hash, mixed into the prefix-cache key of every block that
+// overlaps the span, so blocks of different images are never shared.
+struct ImageKey {
+  int64_t begin = 0, end = 0;
+  uint64_t hash = 0;
+};
+
 // Scheduler-side view of one request.
 struct SeqState {
   uint64_t id = 0;
@@ -68,6 +76,7 @@ struct SeqState {
   // Prefix caching.
   bool cacheable = true;              // may take and publish shared blocks
   std::vector<uint64_t> block_keys;   // keys of the full blocks of token_ids so far (chained)
+  std::vector<ImageKey> image_keys;   // image spans of the prompt (their content enters the keys)
   int64_t num_published = 0;          // leading blocks of block_table that are published (or were hits)
   int64_t num_cached_tokens = 0;      // tokens taken from the cache at the last admission
   int64_t num_output_tokens() const { return static_cast<int64_t>(token_ids.size()) - num_prompt_tokens; }
@@ -105,6 +114,8 @@ class Scheduler {
   // cacheable = false: never takes or publishes shared blocks (a request that
   // needs every prompt row's logits, e.g. prompt_logprobs).
   void Add(uint64_t id, std::vector<int32_t> prompt, int64_t max_tokens, bool cacheable = true);
+  // The image spans of request `id` (call right after Add, before any Step).
+  void SetImageKeys(uint64_t id, std::vector<ImageKey> keys);
   // Aborts a waiting or running request (frees its blocks at once). Unknown or
   // finished ids are ignored. Returns true if something was aborted.
   bool Abort(uint64_t id, SeqFinishReason reason = SeqFinishReason::kAbort);

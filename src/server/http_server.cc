@@ -15,6 +15,7 @@
 #include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "model/config.h"
 #include "tokenizer/chat_format.h"
 #include "tokenizer/tokenizer.h"
 
@@ -98,6 +99,16 @@ struct HttpServer::Impl {
               std::max<int64_t>(m->max_token_bytes, f.tokenizer->TokenBytes(static_cast<int32_t>(id)).size());
       m->default_sampling = opts.default_sampling;
       m->default_thinking = opts.default_thinking;
+      try {  // vision models: chat image blocks (docs/vision.md)
+        const ModelConfig cfg = ModelConfig::Load(f.args.model);
+        if (cfg.vision_enabled()) {
+          m->vision = true;
+          m->image_token_id = static_cast<int32_t>(cfg.image_token_id);
+          m->vision_geometry = vision::VisionGeometry::FromConfig(cfg);
+        }
+      } catch (const Error&) {
+        // no readable config (test engines): text only
+      }
       info = std::move(m);
     }
     return info.get();
@@ -310,11 +321,8 @@ void HttpServer::Impl::HandleTokenize(HttpExchange& ex) {
       BadRequest(fmt::format("messages: expected a list, found {}", body["messages"].type_name()), "messages");
     const auto ordered = nlohmann::ordered_json::parse(ex.request().body);
     const ChatOptions chat = ChatOptionsFor(body, ordered, *mi);  // exactly as /v1/chat/completions renders
-    try {
-      ids = EncodeChat(*mi->tokenizer, ordered["messages"], chat);
-    } catch (const Error& e) {
-      throw FromLibraryError(e, "messages");
-    }
+    std::vector<std::shared_ptr<const vision::PreparedImage>> images;
+    ids = EncodeChatPrompt(body, ordered["messages"], chat, *mi, &images);
   }
   json out = {{"count", ids.size()}, {"max_model_len", mi->max_model_len}, {"tokens", ids}, {"token_strs", nullptr}};
   if (get_bool("return_token_strs", false)) {

@@ -1,5 +1,7 @@
 #include "server/openai_api.h"
 
+#include "vision/image_source.h"
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -468,12 +470,7 @@ ParsedRequest ParseChatRequest(const json& body, const nlohmann::ordered_json& o
       if (msg.is_object() && msg.contains("content")) content_bytes += StringBytes(msg["content"]);
     CheckTextFits(content_bytes, info, "messages");
   }
-  try {
-    r.prompts.push_back(EncodeChat(*info.tokenizer, messages, chat));
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    throw FromLibraryError(e, m.find("reasoning effort") != std::string::npos ? "reasoning_effort" : "messages");
-  }
+  r.prompts.push_back(EncodeChatPrompt(body, messages, chat, info, &r.images));
   r.prompt_texts.emplace_back();
   if (static_cast<int64_t>(r.prompts.size()) * r.n > kMaxChoices) BadRequest("too many choices", "n");
 
@@ -512,6 +509,49 @@ ParsedRequest ParseChatRequest(const json& body, const nlohmann::ordered_json& o
   return r;
 }
 
+std::vector<int32_t> EncodeChatPrompt(const json& body, const nlohmann::ordered_json& messages, const ChatOptions& chat,
+                                      const ModelInfo& info,
+                                      std::vector<std::shared_ptr<const vision::PreparedImage>>* images) {
+  std::vector<int32_t> ids;
+  int n_images = 0;
+  try {
+    if (info.vision) ids = EncodeChatWithImages(*info.tokenizer, messages, chat, info.image_token_id, &n_images);
+    else ids = EncodeChat(*info.tokenizer, messages, chat);
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    throw FromLibraryError(e, m.find("reasoning effort") != std::string::npos ? "reasoning_effort" : "messages");
+  }
+  if (!info.vision) {
+    // Image blocks render as the placeholder text; refuse them instead (no tower to run).
+    const json* msgs = Field(body, "messages");
+    if (msgs && msgs->is_array())
+      for (size_t i = 0; i < msgs->size(); ++i) {
+        const json& m = (*msgs)[i];
+        if (!m.is_object() || !m.contains("content") || !m["content"].is_array()) continue;
+        for (size_t j = 0; j < m["content"].size(); ++j) {
+          const json& b = m["content"][j];
+          if (b.is_object() && (b.value("type", "") == "image_url" || b.value("type", "") == "image"))
+            BadRequest(fmt::format("messages[{}].content[{}]: this model has no vision tower; images are not supported",
+                                   i, j),
+                       "messages");
+        }
+      }
+    return ids;
+  }
+  if (n_images == 0) return ids;
+  if (n_images > 16)
+    BadRequest(fmt::format("messages: too many images ({}; at most 16 per request)", n_images), "messages");
+  try {
+    *images = vision::CollectImages(body["messages"], info.vision_geometry, /*allow_files=*/false);
+  } catch (const Error& e) {
+    BadRequest(e.what(), "messages");
+  }
+  if (static_cast<int>(images->size()) != n_images)
+    BadRequest(fmt::format("messages: {} image blocks rendered but {} images read", n_images, images->size()),
+               "messages");
+  return vision::ExpandPlaceholders(ids, info.image_token_id, *images);
+}
+
 std::vector<GenerateRequest> ParsedRequest::ToGenerateRequests(const std::string& request_id) const {
   std::vector<GenerateRequest> out;
   out.reserve(static_cast<size_t>(num_choices()));
@@ -525,6 +565,7 @@ std::vector<GenerateRequest> ParsedRequest::ToGenerateRequests(const std::string
     if (params.seed) g.params.seed = static_cast<int64_t>(static_cast<uint64_t>(*params.seed) + static_cast<uint64_t>(c % n));
     g.request_id = fmt::format("{}-{}", request_id, c);
     g.constraint = constraint;
+    if (c / n == 0) g.images = images;
     out.push_back(std::move(g));
   }
   return out;

@@ -86,6 +86,7 @@
 #include "deepinfer/engine.h"
 #include "server/engine_loop.h"
 #include "structured/tool_calls.h"
+#include "vision/image.h"
 #include "tokenizer/chat_format.h"
 
 namespace deepinfer::server {
@@ -133,6 +134,11 @@ struct ModelInfo {
   int64_t max_token_bytes = 0;
   nlohmann::json default_sampling = nlohmann::json::object();  // the serve command's sampling flags
   bool default_thinking = false;
+  // Vision (docs/vision.md): chat image blocks are accepted when set; each
+  // becomes image_token_id's span (prompt_tokens and /tokenize count it).
+  bool vision = false;
+  int32_t image_token_id = -1;
+  vision::VisionGeometry vision_geometry;
 };
 
 // Checks "model" (absent/null = the served model). Throws 400 for a non-string,
@@ -163,6 +169,8 @@ struct ParsedRequest {
   bool v41 = true;              // chat: DSML spelling of DeepSeek-V4.1 (else V4)
   // Structured output / forced tool call, compiled (structured/constraint.h).
   std::shared_ptr<structured::CompiledGrammar> constraint;
+  // Chat images (prompts[0]'s spans), decoded and preprocessed while parsing.
+  std::vector<std::shared_ptr<const vision::PreparedImage>> images;
   int num_choices() const { return static_cast<int>(prompts.size()) * n; }
   // One engine request per choice (see "n > 1" above).
   std::vector<GenerateRequest> ToGenerateRequests(const std::string& request_id) const;
@@ -184,6 +192,14 @@ ChatOptions ChatOptionsFor(const nlohmann::json& body, const nlohmann::ordered_j
 // renderer writes tool arguments in the order given).
 ParsedRequest ParseChatRequest(const nlohmann::json& body, const nlohmann::ordered_json& ordered_body,
                                const ModelInfo& info);
+// The chat prompt's ids as the engine runs them: rendered (image blocks as
+// image_token_id when info.vision), each image's span expanded; images
+// decoded and preprocessed into *images. Throws ApiError 400 naming the field
+// (a non-data: URL, an undecodable / empty / too large image, too many
+// images, images for a model without a vision tower).
+std::vector<int32_t> EncodeChatPrompt(const nlohmann::json& body, const nlohmann::ordered_json& messages,
+                                      const ChatOptions& chat, const ModelInfo& info,
+                                      std::vector<std::shared_ptr<const vision::PreparedImage>>* images);
 
 // Splits generated text into reasoning and content at the first "</think>".
 // Streaming-safe: a suffix that may be the start of "</think>" is held back

@@ -739,4 +739,29 @@ std::vector<int32_t> EncodeChat(const Tokenizer& tokenizer, const Json& messages
   return ids;
 }
 
+std::vector<int32_t> EncodeChatWithImages(const Tokenizer& tokenizer, const Json& messages, const ChatOptions& options,
+                                          int32_t image_token_id, int* num_images) {
+  const RenderedChat r = RenderChatPieces(messages, options);
+  std::vector<int32_t> ids;
+  ids.reserve(r.text.size() / 3 + 4);
+  *num_images = 0;
+  size_t pos = 0;
+  while (pos <= r.text.size()) {
+    size_t cut = r.text.find(kImage, pos);
+    const size_t end = cut == std::string::npos ? r.text.size() : cut;
+    // The plain ranges inside [pos, end), shifted to the piece.
+    std::vector<std::pair<size_t, size_t>> plain;
+    for (const auto& [b, e] : r.plain_ranges) {
+      const size_t lo = std::max(b, pos), hi = std::min(e, end);
+      if (lo < hi) plain.emplace_back(lo - pos, hi - pos);
+    }
+    tokenizer.EncodeAppend(std::string_view(r.text).substr(pos, end - pos), ids, plain);
+    if (cut == std::string::npos) break;
+    ids.push_back(image_token_id);
+    ++*num_images;
+    pos = cut + kImage.size();
+  }
+  return ids;
+}
+
 }  // namespace deepinfer

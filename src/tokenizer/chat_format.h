@@ -103,6 +103,15 @@ RenderedChat RenderChatPieces(const nlohmann::ordered_json& messages, const Chat
 std::vector<int32_t> EncodeChat(const Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
                                 const ChatOptions& options);
 
+// EncodeChat for a model with a vision tower: every image placeholder the
+// renderer wrote for an image block ("<｜deepseek_image｜>"; image blocks are
+// the only source, ProcessImages refuses it in text) becomes the single id
+// `image_token_id` (config image_token_id), whatever the tokenizer's spelling
+// of that id; the text between is encoded as EncodeChat does. *num_images
+// receives the number of placeholders (image blocks in the messages, in order).
+std::vector<int32_t> EncodeChatWithImages(const Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
+                                          const ChatOptions& options, int32_t image_token_id, int* num_images);
+
 // Python's json.dumps(value, ensure_ascii=False).
 std::string PyJsonDumps(const nlohmann::ordered_json& value);
 

@@ -830,7 +830,11 @@ void ValidateConfig(const TinyConfig& c) {
       c.dspark_n_activated_experts > c.dspark_n_routed_experts)
     BAD("invalid tiny config: dspark_n_activated_experts = {} must be in [1, dspark_n_routed_experts = {}]",
         c.dspark_n_activated_experts, c.dspark_n_routed_experts);
-  if (c.vision_n_layers != 0) BAD("invalid tiny config: vision_n_layers = {} (vision is not generated)", c.vision_n_layers);
+  if (c.vision_n_layers < 0 || c.vision_n_layers > 64) BAD("invalid tiny config: vision_n_layers = {}, expected 0..64", c.vision_n_layers);
+  if (c.vision_n_layers > 0 && (c.vision_dim < 2 || c.vision_n_heads < 1 || c.vision_dim % (4 * c.vision_n_heads) != 0 ||
+                                c.vision_inter_dim < 1 || c.vision_patch_size < 1 || c.vision_downsample_ratio < 1))
+    BAD("invalid tiny config: vision sizes (vision_dim {} must be a multiple of 4·vision_n_heads {}; others >= 1)",
+        c.vision_dim, c.vision_n_heads);
   if (c.dtype != "fp8" || c.expert_dtype != "fp4") BAD("invalid tiny config: dtype/expert_dtype must be fp8/fp4");
   if (c.dspark_markov_rank < 1 || c.dspark_block_size < 1) BAD("invalid tiny config: DSpark sizes must be >= 1");
 
@@ -921,6 +925,7 @@ double LinearAmp(int64_t in_features) {
 std::vector<PlannedTensor> PlanTensors(const TinyConfig& c) {
   Planner p(c);
   p.Full();
+  PlanVisionTensors(c, &p.items);
   return std::move(p.items);
 }
 
@@ -1080,8 +1085,19 @@ std::string EmitInferenceConfigJson(const TinyConfig& c) {
       .Add("dspark_markov_rank", PyJson::Int(c.dspark_markov_rank))
       .Add("dspark_n_routed_experts", PyJson::Int(c.dspark_n_routed_experts))
       .Add("dspark_n_activated_experts", PyJson::Int(c.dspark_n_activated_experts))
-      .Add("vision_n_layers", PyJson::Int(c.vision_n_layers))
-      .Add("image_token_id", PyJson::Int(c.image_token_id))
+      .Add("vision_n_layers", PyJson::Int(c.vision_n_layers));
+  if (c.vision_n_layers > 0) {
+    j.Add("vision_dim", PyJson::Int(c.vision_dim))
+        .Add("vision_n_heads", PyJson::Int(c.vision_n_heads))
+        .Add("vision_inter_dim", PyJson::Int(c.vision_inter_dim))
+        .Add("vision_patch_size", PyJson::Int(c.vision_patch_size))
+        .Add("vision_downsample_ratio", PyJson::Int(c.vision_downsample_ratio))
+        .Add("vision_max_n_token", PyJson::Int(c.vision_max_n_token))
+        .Add("vision_min_pixels", PyJson::Int(c.vision_min_pixels))
+        .Add("vision_max_wh_ratio", PyJson::OptFloat(c.vision_max_wh_ratio))
+        .Add("vision_rope_theta", PyJson::Float(c.vision_rope_theta));
+  }
+  j.Add("image_token_id", PyJson::Int(c.image_token_id))
       .Add("dtype", PyJson::Str(c.dtype))
       .Add("expert_dtype", PyJson::Str(c.expert_dtype));
   return Dump(j);
@@ -1172,6 +1188,21 @@ std::string EmitHfConfigJson(const TinyConfig& c) {
       .Add("image_token_id", PyJson::Int(c.image_token_id))
       .Add("quantization_config", std::move(q))
       .Add("text_config", std::move(t));
+  if (c.vision_n_layers > 0) {
+    // HF-style key names as in make_tiny_v41_vision.py (a guess of the release's names).
+    PyJson v = PyJson::Obj();
+    v.Add("num_hidden_layers", PyJson::Int(c.vision_n_layers))
+        .Add("hidden_size", PyJson::Int(c.vision_dim))
+        .Add("num_attention_heads", PyJson::Int(c.vision_n_heads))
+        .Add("intermediate_size", PyJson::Int(c.vision_inter_dim))
+        .Add("patch_size", PyJson::Int(c.vision_patch_size))
+        .Add("downsample_ratio", PyJson::Int(c.vision_downsample_ratio))
+        .Add("max_n_token", PyJson::Int(c.vision_max_n_token))
+        .Add("min_pixels", PyJson::Int(c.vision_min_pixels))
+        .Add("max_wh_ratio", PyJson::OptFloat(c.vision_max_wh_ratio))
+        .Add("rope_theta", PyJson::Float(c.vision_rope_theta));
+    j.Add("vision_config", std::move(v));
+  }
   return Dump(j);
 }
 

@@ -60,6 +60,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -123,7 +124,19 @@ struct TinyConfig {
   int64_t dspark_markov_rank = 16;
   int dspark_n_routed_experts = 4;
   int dspark_n_activated_experts = 2;
+  // Vision (TINY_V41_VISION_SPEC.md §1): off while vision_n_layers == 0 (the
+  // flat config then has only "vision_n_layers": 0); --vision sets 2 layers
+  // and the ten keys are written in place of that one.
   int vision_n_layers = 0;
+  int64_t vision_dim = 64;
+  int vision_n_heads = 2;
+  int64_t vision_inter_dim = 96;
+  int vision_patch_size = 14;
+  int vision_downsample_ratio = 3;
+  int64_t vision_max_n_token = 32;
+  int64_t vision_min_pixels = 7056;
+  std::optional<double> vision_max_wh_ratio;  // null
+  double vision_rope_theta = 10000.0;
   int64_t image_token_id = 129264;
   std::string dtype = "fp8";
   std::string expert_dtype = "fp4";
@@ -217,6 +230,13 @@ struct PlannedTensor {
 // Every value tensor the config implies, in plan order (spec §4). Quantised
 // ones produce two file tensors (weight + scale).
 std::vector<PlannedTensor> PlanTensors(const TinyConfig& c);
+// The 26 (for 2 layers) vision-tower / aligner / image-delimiter tensors of
+// TINY_V41_VISION_SPEC.md §2, appended to `plan` when c.vision_n_layers > 0
+// (make_tiny_vision.cc; all BF16).
+void PlanVisionTensors(const TinyConfig& c, std::vector<PlannedTensor>* plan);
+// Turns the vision path on with the spec's sizes (vision_n_layers = 2, the
+// other vision fields at their defaults).
+void EnableVision(TinyConfig* c);
 
 // One tensor of the file, in file (sorted-name) order.
 struct FileTensor {

@@ -79,6 +79,7 @@ void Emit(const PyJson& j, int depth, std::string* out) {
     case PyJson::kInt: *out += std::to_string(j.i); break;
     case PyJson::kFloat: *out += PyFloatRepr(j.f); break;
     case PyJson::kBool: *out += j.b ? "true" : "false"; break;
+    case PyJson::kNull: *out += "null"; break;
     case PyJson::kStr: EmitString(j.s, out); break;
     case PyJson::kArr:
       if (j.arr.empty()) { *out += "[]"; break; }

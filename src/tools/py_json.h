@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,9 +17,9 @@ namespace deepinfer::tiny {
 // decimal exponent is in [-4, 16), else d.ddde±XX; ".0" added to integers.
 std::string PyFloatRepr(double d);
 
-// A JSON value (ints, floats, bools, strings, arrays, insertion-ordered objects).
+// A JSON value (ints, floats, bools, null, strings, arrays, insertion-ordered objects).
 struct PyJson {
-  enum Type { kInt, kFloat, kBool, kStr, kArr, kObj } type = kInt;
+  enum Type { kInt, kFloat, kBool, kStr, kArr, kObj, kNull } type = kInt;
   int64_t i = 0;
   double f = 0;
   bool b = false;
@@ -37,6 +38,8 @@ struct PyJson {
     return j;
   }
   static PyJson Obj() { PyJson j; j.type = kObj; return j; }
+  static PyJson Null() { PyJson j; j.type = kNull; return j; }
+  static PyJson OptFloat(const std::optional<double>& v) { return v ? Float(*v) : Null(); }
   PyJson& Add(std::string key, PyJson v) { obj.emplace_back(std::move(key), std::move(v)); return *this; }
 };
 

@@ -249,6 +249,8 @@ class ForwardPass {
   std::vector<SeqInfo> seq_;
   std::vector<int32_t> row_seq_;
   std::vector<int64_t> row_pos_, row_in_seq_;
+  std::vector<uint8_t> row_image_;  // 1: an image-span position (token type >= 0)
+  static bool IsImage(const ForwardSeq& q, int64_t i) { return q.token_types && q.token_types[i] >= 0; }
   std::vector<float> X_, pre_in_;
   std::vector<int64_t> hash_ids_;  // [R][n_engram][cols]
   // Compressed selection per layer (index sources; Reuse layers point at their source):
@@ -319,6 +321,18 @@ void ForwardPass::Validate() {
              "Forward: sequence {}: block table has {} blocks, expected at least {} for {} tokens", s,
              q.state.num_blocks, need, q.start_pos + q.len);
     }
+    if (q.token_types) {
+      for (int64_t i = 0; i < q.len; ++i) {
+        const int8_t ty = q.token_types[i];
+        if (ty < -1 || ty > 3)
+          Fail(ErrorKind::kInvalidArgument, "Forward: sequence {} token type {} at position {} outside [-1, 3]", s,
+               ty, q.start_pos + i);
+        if (ty >= 0 && (!c_.vision_enabled() || q.embeds == nullptr))
+          Fail(ErrorKind::kInvalidArgument,
+               "Forward: sequence {} position {} is an image position but {}", s, q.start_pos + i,
+               c_.vision_enabled() ? "no embeddings were given" : "the model has no vision tower");
+      }
+    }
     for (int64_t i = 0; i < q.len; ++i) {
       const int32_t t = q.tokens[i];
       if (t < 0 || t >= c_.vocab_size)
@@ -348,6 +362,7 @@ void ForwardPass::Run() {
   row_seq_.resize(R_);
   row_pos_.resize(R_);
   row_in_seq_.resize(R_);
+  row_image_.assign(R_, 0);
   sig_vec_.resize(R_);
   soft_vec_.resize(R_);
   for (int s = 0; s < S; ++s)
@@ -356,6 +371,7 @@ void ForwardPass::Run() {
       row_seq_[r] = s;
       row_pos_[r] = seq_[s].start + i;
       row_in_seq_[r] = i;
+      row_image_[r] = b_.seqs[s].token_types && b_.seqs[s].token_types[i] >= 0;
       // Which rows of the [T, hc] sigmoids and [T, E] softplus take torch's
       // vectorised path (SLEEF exp) in the reference's call of T rows; those
       // kernels are dispatched with AVX-512 (16 lanes, 32 floats per step).
@@ -398,7 +414,7 @@ void ForwardPass::Run() {
         for (int sft = 0; sft < N; ++sft) {
           const int64_t p = q.start_pos + i - sft;
           if (p < 0) hist[sft] = -1;
-          else if (p >= q.start_pos) hist[sft] = q.tokens[p - q.start_pos];
+          else if (p >= q.start_pos) hist[sft] = IsImage(q, p - q.start_pos) ? -1 : q.tokens[p - q.start_pos];
           else hist[sft] = back[eh.lookback() - (q.start_pos - p)];
         }
         eh.Hash(hist, hash_ids_.data() + (seq_[s].row0 + i) * per_row);
@@ -419,6 +435,11 @@ void ForwardPass::Run() {
     const int s = row_seq_[r];
     const int32_t tok = b_.seqs[s].tokens[row_in_seq_[r]];
     const uint16_t* e = w_.embed.data + static_cast<int64_t>(tok) * d;
+    if (row_image_[r]) {  // image span: the vision embeddings replace the lookup (§3.3.7)
+      const float* v = b_.seqs[s].embeds + row_in_seq_[r] * d;
+      for (int j = 0; j < hc; ++j) std::memcpy(&X_[(r * hc + j) * d], v, d * sizeof(float));
+      continue;
+    }
     for (int j = 0; j < hc; ++j)
       for (int64_t i = 0; i < d; ++i) X_[(r * hc + j) * d + i] = Bf16ToFloat(e[i]);
   }
@@ -446,7 +467,7 @@ void ForwardPass::Run() {
       for (int i = 0; i < L; ++i) {
         const int64_t p = end - L + i;
         if (p < 0) nb[i] = -1;
-        else if (p >= q.start_pos) nb[i] = q.tokens[p - q.start_pos];
+        else if (p >= q.start_pos) nb[i] = IsImage(q, p - q.start_pos) ? -1 : q.tokens[p - q.start_pos];
         else nb[i] = back[L - (q.start_pos - p)];
       }
       std::memcpy(st, nb.data(), L * sizeof(int32_t));
@@ -506,6 +527,7 @@ void ForwardPass::Engram(int l) {
     std::vector<float> tmp(d);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < R_; ++r) {
+      if (row_image_[r]) continue;  // image positions: Engram gate 0 (X unchanged)
       const float* value = kv.data() + r * (hc + 1) * d + hc * d;
       for (int j = 0; j < hc; ++j) {
         float* h = X_.data() + (r * hc + j) * d;
@@ -1036,7 +1058,9 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
   const float lim = c_.swiglu_limit;
   std::vector<int32_t> idx(n * k);
   std::vector<float> wts(n * k);
-  std::vector<const float*> bias(n, F.bias.data());  // text tokens: `bias` (bias_vl is for image spans)
+  std::vector<const float*> bias(n, F.bias.data());  // text tokens: `bias`; image spans: `bias_vl`
+  for (int64_t r = 0; r < n; ++r)
+    if (row_image_[r]) bias[r] = F.bias_vl.data();
   std::optional<RegionScope> router(std::in_place, Region::kRouter);
   Router(x, n, F.gate, bias.data(), k, c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
               soft_vec_.data() + r0, idx.data(), wts.data());

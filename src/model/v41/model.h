@@ -93,6 +93,14 @@ struct ForwardSeq {
   int64_t len = 0;                  // ≥ 1
   int64_t start_pos = 0;            // absolute position of tokens[0]; state holds 0 .. start_pos-1
   SequenceStateView state;          // this sequence's state rows (caller-owned)
+  // Image spans (model-spec §3.3.7; vision models only). token_types [len]
+  // (nullptr = all TEXT): −1 TEXT, 0 IMAGE_START, 1 IMAGE, 2 IMAGE_NEW_LINE,
+  // 3 IMAGE_END (vision/image.h). embeds [len, dim] (BF16 values): row i
+  // replaces the embedding lookup wherever token_types[i] >= 0; other rows are
+  // not read. Positions with a type >= 0 route with `gate.bias_vl` and are
+  // DEAD for Engram (no n-gram spans them, gate 0), also for later chunks.
+  const int8_t* token_types = nullptr;
+  const float* embeds = nullptr;
   enum class Logits { kNone, kLast, kAll } logits = Logits::kLast;
 };
 

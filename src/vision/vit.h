@@ -1,0 +1,88 @@
+// deepinfer/vision/vit.h — the V4.1 ViT tower and aligner on the CPU
+// (model-spec §3.3.7; the reference's vision.py as restated in the shared
+// TINY_V41_VISION_SPEC.md §4 steps 2–3), with the reference's BF16 rounding
+// points:
+//
+//   x = patch_embed(patches)                  BF16 linear 3p² → D, + bias
+//   per block: x = x + wo(attn(norm1(x)))     RMSNorm ε 1e-6 (FP32 maths, FP32 weight)
+//              x = x + w2(silu(g)·u), [g|u] = w1(norm2(x))
+//   x = norm(x)
+//   aligner: pad the [n_vit_h, n_vit_w] grid to multiples of r, r×r unfold
+//            (feature c·r² + dy·r + dx), w2(gelu(w1(·))) (exact erf GELU)
+//
+// Linears: FP32 accumulation of exact BF16 products in increasing k (the fast
+// kernels of kernels/cpu, bit-identical to kernels/ref), the BF16 bias added
+// to the FP32 sum, one rounding to BF16. Attention is torch's math SDPA in
+// FP32: q·s and k·s with s = fl32(sqrt(1/sqrt(head_dim))), sequential dot
+// products, softmax with SLEEF exp and torch's 8-lane sum, P·V sequential in
+// the key index, BF16 output. Rotary: FP32 tables (θ_j = 1/θ^(2j/R), SLEEF
+// pow; glibc cos/sin), rotate-half over the whole head, result rounded to BF16.
+//
+// Every row's arithmetic has a fixed order, so the output does not depend on
+// the thread count. Thread-safe for concurrent Forward calls (weights are
+// read-only after Bind).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "format/safetensors.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "model/config.h"
+
+namespace deepinfer::vision {
+
+// A BF16 linear [out, in] with an optional BF16 bias [out].
+struct VisionLinear {
+  std::vector<uint16_t> w;      // [out, in] BF16 bits (owned copy)
+  std::vector<float> bias;      // [out] BF16 values as FP32 (empty: no bias)
+  int64_t out = 0, in = 0;
+  cpu::PackedBf16 packed;
+};
+
+struct VisionBlockWeights {
+  std::vector<uint16_t> norm1, norm2;  // [D] BF16 (the reference upcasts to FP32 exactly)
+  VisionLinear wqkv, wo, w1, w2;
+};
+
+class VisionTower {
+ public:
+  // Binds vision.*, aligner.* and image_start / image_end / image_newline
+  // from `store` (all BF16; shapes from `cfg`, model-spec §2.4). Throws
+  // Error(kNotFound) for a missing tensor, Error(kCorruptData) naming the
+  // tensor for a wrong dtype or shape, Error(kInvalidArgument) when the config
+  // has no vision tower.
+  static std::unique_ptr<VisionTower> Bind(const TensorStore& store, const ModelConfig& cfg);
+
+  // ViT: patches [n_vit_h·n_vit_w, 3·p·p] (BF16 values) → [n, D] (BF16 values).
+  std::vector<float> Vit(const float* patches, int n_vit_h, int n_vit_w) const;
+  // Aligner: ViT output [n_vit_h·n_vit_w, D] → [n_llm_h·n_llm_w, dim], cells in
+  // reading order.
+  std::vector<float> Align(const float* vit_out, int n_vit_h, int n_vit_w) const;
+  // The embeddings of a whole span for the token types of ImageTokenTypes:
+  // START / NEW_LINE / END rows get the learned delimiters, IMAGE rows the
+  // aligner rows in order. [n_tokens, dim].
+  std::vector<float> SpanEmbeddings(const float* patches, int n_vit_h, int n_vit_w, int n_llm_h,
+                                    int n_llm_w) const;
+
+  // The span rows from given aligner rows [n_llm_h·n_llm_w, dim].
+  std::vector<float> AssembleSpan(const float* aligner_rows, int n_llm_h, int n_llm_w) const;
+
+  int64_t dim() const { return dim_; }
+
+ private:
+  int64_t dim_ = 0, vdim_ = 0, inter_ = 0;
+  int heads_ = 0, ratio_ = 0, patch_ = 0;
+  double rope_theta_ = 10000.0;
+  VisionLinear patch_embed_, aligner_w1_, aligner_w2_;
+  std::vector<VisionBlockWeights> blocks_;
+  std::vector<uint16_t> norm_;
+  std::vector<float> image_start_, image_end_, image_newline_;
+};
+
+// One linear of the tower: y [M, out] = bf16(Σ_k x·W + bias) (see above).
+void VisionLinearForward(const float* x, int64_t M, const VisionLinear& l, float* y);
+
+}  // namespace deepinfer::vision
