@@ -49,7 +49,7 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 struct E2eArgs {
-  std::string model, json_out, png_out;
+  std::string model, json_out, png_out, target;
   int threads = 0;
   std::vector<int> batches = {1, 4, 16};
   int64_t prompt_len = 64;
@@ -153,6 +153,7 @@ void RunE2e(const E2eArgs& a) {
   }
   // The model's config before anything is measured (a wrong --model fails fast).
   (void)ModelConfig::Load(a.model);
+  if (!a.target.empty()) cpu::SelectTarget(a.target);
   if (a.threads != 0) SetNumThreads(a.threads);
   const int threads = NumThreads();
   const fs::path dir(a.model);
@@ -441,6 +442,7 @@ void RegisterBenchE2e(CLI::App& bench) {
   e->add_option("--json", args->json_out, "Output JSON file")->required();
   e->add_option("--png", args->png_out, "Output PNG plot (default: JSON path with .png)");
   e->add_option("--threads", args->threads, "Worker threads (default: all hardware threads)");
+  e->add_option("--target", args->target, "SIMD target: auto | avx512 | avx2 | the fallback (default auto)");
   e->add_option("--batches", args->batches, "Batch sizes")->capture_default_str();
   e->add_option("--prompt-len", args->prompt_len, "Prompt tokens per sequence")->capture_default_str();
   e->add_option("--decode-steps", args->decode_steps, "Decode steps timed (median reported)")->capture_default_str();
