@@ -47,6 +47,7 @@
 #include "kernels/ref/ref_ops.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
+extern "C" char* openblas_get_corename(void);
 
 namespace deepinfer::cli {
 namespace bench {
@@ -330,6 +331,10 @@ void RunKernels(const KernelArgs& args) {
   json out;
   out["benchmark"] = "kernels";
   out["machine"] = bench::MachineJson(threads);
+  // OpenBLAS picks its own kernels (OPENBLAS_CORETYPE=Haswell before the
+  // program starts gives its AVX2 kernels, to compare with --target avx2).
+  out["machine"]["openblas_core"] = openblas_get_corename();
+  std::printf("OpenBLAS core: %s\n", openblas_get_corename());
   std::printf("bench kernels: %s, %d threads, target %s\n", out["machine"]["cpu"].get<std::string>().c_str(),
               threads, cpu::ActiveTarget().c_str());
 
