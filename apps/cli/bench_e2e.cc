@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/alloc_count.h"
 #include "base/error.h"
 #include "base/parallel.h"
 #include "base/region_timer.h"
@@ -291,6 +292,7 @@ void RunE2e(const E2eArgs& a) {
     std::vector<double> steps;
     ResetRegionTimes();
     double decode_total = 0;
+    uint64_t decode_allocs = 0;
     for (int st = 0; st < a.decode_steps; ++st) {
       v41::ForwardBatch db;
       db.exchange = a.dp > 1 ? EpExchange::kStatic : EpExchange::kReplicated;
@@ -302,9 +304,11 @@ void RunE2e(const E2eArgs& a) {
         q.state = views[s];
         db.seqs.push_back(q);
       }
+      const uint64_t allocs0 = HeapAllocations();
       t0 = Now();
       forward(db);
       const double dt = Now() - t0;
+      decode_allocs += HeapAllocations() - allocs0;
       steps.push_back(dt);
       decode_total += dt;
       argmax_rows();
@@ -322,6 +326,7 @@ void RunE2e(const E2eArgs& a) {
            {"decode_step_seconds_median", step},
            {"decode_step_samples", steps},
            {"decode_tok_s", decode_tps},
+           {"heap_allocations_per_decode_step", static_cast<double>(decode_allocs) / a.decode_steps},
            {"sequences_per_rank", B},
            {"collective_seconds_per_decode_step",
             decode_regions.is_null() || !decode_regions.contains("collective")
@@ -352,6 +357,8 @@ void RunE2e(const E2eArgs& a) {
                                      100 * r["fraction_of_triad"].get<double>())
                              .c_str()
                        : "");
+    std::printf("            heap allocations per decode step: %.1f\n",
+                r["heap_allocations_per_decode_step"].get<double>());
     if (!decode_regions.is_null()) {
       std::printf("            decode time by region:");
       for (auto it = decode_regions.begin(); it != decode_regions.end(); ++it)

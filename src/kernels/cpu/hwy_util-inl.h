@@ -132,6 +132,12 @@ HWY_INLINE void StoreRows(const float* acc, const QArgs& a, int64_t m0, int64_t 
 // 12 + 2 + 1 of 16 ymm).
 constexpr int kBlockV = kLanes >= 16 ? 4 : (kLanes == 8 ? 2 : 4);
 constexpr int kBlockMT = kLanes >= 8 ? 6 : 1;
+// Whether the FP8/FP4 prefill GEMMs take the block path on this target.
+// Measured (bench kernels GEMM, M = 256, one thread): on AVX2 the weight
+// conversion inside the micro-tile is the bottleneck and the block path is
+// 2.2-2.4x faster; on AVX-512 the in-register conversion is cheap relative
+// to 24 FMAs per weight vector and the direct micro-tile is as fast or faster.
+constexpr bool kUseBlockGemm = kLanes == 8;
 
 // One micro-tile of the block GEMM of the quantised linears: V vectors of
 // output rows × MT activation rows over one K block of `klen` columns whose

@@ -33,6 +33,29 @@ HWY_INLINE VF LoadW(const uint16_t* p) {
   return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, p))));
 }
 
+// One k of the micro-tile (an always-inlined function, not a lambda: with
+// the FMA variants g++ stopped inlining a lambda here and spilled the sums).
+template <typename WT, bool kFma, int V, int MT>
+HWY_INLINE void Bf16Step(VF (&acc)[MT][V], const WT* wt, int64_t roff, const float* xr, int64_t ldq, int64_t k) {
+  const DF df;
+  constexpr int64_t kPf = kPrefetchBytes / static_cast<int64_t>(sizeof(WT));
+  const WT* wk = wt + k * kTileRows + roff;
+  hwy::Prefetch(wk + kPf);
+  if constexpr (sizeof(WT) * kTileRows > 64) hwy::Prefetch(wk + kPf + 64 / sizeof(WT));
+  HWY_UNROLL(8)
+  for (int v = 0; v < V; ++v) {
+    const VF w = LoadW(wk + v * kLanes);
+    HWY_UNROLL(8)
+    for (int m = 0; m < MT; ++m) {
+      if constexpr (kFma) {
+        acc[m][v] = hn::MulAdd(hn::Set(df, xr[m * ldq + k]), w, acc[m][v]);
+      } else {
+        acc[m][v] = hn::Add(acc[m][v], hn::Mul(hn::Set(df, xr[m * ldq + k]), w));
+      }
+    }
+  }
+}
+
 // kFma: every product exact (linear_common.h Bf16FmaExact), so an FMA gives
 // the multiply-then-add bits.
 template <typename WT, bool kFma, int V, int MT>
@@ -46,33 +69,15 @@ HWY_INLINE void Bf16Micro(const QArgs& a, const WT* wt, const float* x, int64_t 
   }
   const float* xr = x + m0 * a.ldq;
   const int64_t K = a.K;
-  constexpr int64_t kPf = kPrefetchBytes / static_cast<int64_t>(sizeof(WT));
-  auto step = [&](int64_t k) HWY_ATTR {
-    const WT* wk = wt + k * kTileRows + roff;
-    hwy::Prefetch(wk + kPf);
-    if constexpr (sizeof(WT) * kTileRows > 64) hwy::Prefetch(wk + kPf + 64 / sizeof(WT));
-    HWY_UNROLL(8)
-    for (int v = 0; v < V; ++v) {
-      const VF w = LoadW(wk + v * kLanes);
-      HWY_UNROLL(8)
-      for (int m = 0; m < MT; ++m) {
-        if constexpr (kFma) {
-          acc[m][v] = hn::MulAdd(hn::Set(df, xr[m * a.ldq + k]), w, acc[m][v]);
-        } else {
-          acc[m][v] = hn::Add(acc[m][v], hn::Mul(hn::Set(df, xr[m * a.ldq + k]), w));
-        }
-      }
-    }
-  };
   if (!a.pairs) {
-    for (int64_t k = 0; k < K; ++k) step(k);
+    for (int64_t k = 0; k < K; ++k) Bf16Step<WT, kFma, V, MT>(acc, wt, roff, xr, a.ldq, k);
   } else {
     int64_t k = 0;
     for (; k + 1 < K; k += 2) {
-      step(k + 1);
-      step(k);
+      Bf16Step<WT, kFma, V, MT>(acc, wt, roff, xr, a.ldq, k + 1);
+      Bf16Step<WT, kFma, V, MT>(acc, wt, roff, xr, a.ldq, k);
     }
-    if (k < K) step(k);
+    if (k < K) Bf16Step<WT, kFma, V, MT>(acc, wt, roff, xr, a.ldq, k);
   }
   HWY_ALIGN float out[MT][V * kLanes];
   for (int m = 0; m < MT; ++m)
@@ -80,109 +85,7 @@ HWY_INLINE void Bf16Micro(const QArgs& a, const WT* wt, const float* x, int64_t 
   StoreRows<V, MT>(out[0], a, m0, n0 + roff, a.round);
 }
 
-// Block GEMM micro-tile (prefill, BF16 weights): the running sums of V
-// vectors of rows × MT activation rows are loaded from acc, continued over
-// the converted K chunk w[k·64 + r] (k0 .. k0+klen, in the reference's order,
-// or the pair order), and stored back.
-template <bool kFma, int V, int MT>
-HWY_INLINE void Bf16BlockMicro(const float* HWY_RESTRICT w, int64_t k0, int64_t klen, bool pairs,
-                               const float* HWY_RESTRICT x, int64_t ldx, float* HWY_RESTRICT accp) {
-  const DF df;
-  VF acc[MT][V];
-  HWY_UNROLL(8)
-  for (int m = 0; m < MT; ++m) {
-    HWY_UNROLL(8)
-    for (int v = 0; v < V; ++v) acc[m][v] = hn::LoadU(df, accp + m * kTileRows + v * kLanes);
-  }
-  auto step = [&](int64_t k) HWY_ATTR {
-    VF wv[V];
-    HWY_UNROLL(8)
-    for (int v = 0; v < V; ++v) wv[v] = hn::LoadU(df, w + (k - k0) * kTileRows + v * kLanes);
-    HWY_UNROLL(8)
-    for (int m = 0; m < MT; ++m) {
-      const VF xb = hn::Set(df, x[m * ldx + k]);
-      HWY_UNROLL(8)
-      for (int v = 0; v < V; ++v) {
-        if constexpr (kFma) {
-          acc[m][v] = hn::MulAdd(xb, wv[v], acc[m][v]);
-        } else {
-          acc[m][v] = hn::Add(acc[m][v], hn::Mul(xb, wv[v]));
-        }
-      }
-    }
-  };
-  const int64_t k1 = k0 + klen;
-  if (!pairs) {
-    for (int64_t k = k0; k < k1; ++k) step(k);
-  } else {
-    int64_t k = k0;  // k0 is even: pairs never straddle chunks
-    for (; k + 1 < k1; k += 2) {
-      step(k + 1);
-      step(k);
-    }
-    if (k < k1) step(k);
-  }
-  HWY_UNROLL(8)
-  for (int m = 0; m < MT; ++m) {
-    HWY_UNROLL(8)
-    for (int v = 0; v < V; ++v) hn::StoreU(acc[m][v], df, accp + m * kTileRows + v * kLanes);
-  }
-}
-
-// Prefill BF16 GEMM: per item (tile, m-chunk), K in chunks of kChunk: the
-// tile's chunk widened to FP32 once, then every row of the m-chunk continues
-// its sums over it (sums kept in BlockScratch::acc between chunks).
-template <bool kFma>
-void RunBf16Block(const QArgs& a, int64_t item0, int64_t item1) {
-  constexpr int V = kBlockV, MT = kBlockMT;
-  constexpr int64_t kRows = V * static_cast<int64_t>(kLanes);
-  constexpr int64_t kChunk = 128;
-  const DF df;
-  BlockScratch& s = ThreadBlockScratch();
-  s.Resize(kChunk * kTileRows, a.mchunk * kTileRows);
-  float* HWY_RESTRICT wbuf = s.w.get();
-  float* HWY_RESTRICT acc = s.acc.get();
-  for (int64_t it = item0; it < item1; ++it) {
-    const int64_t tile = it / a.mchunks, mc = it % a.mchunks;
-    const int64_t m_begin = mc * a.mchunk, m_end = std::min(a.M, m_begin + a.mchunk);
-    const int64_t rows_left = a.N - tile * kTileRows;
-    const float* x = a.q;
-    if (a.group_rows > 0) x += ((tile * kTileRows) / a.group_rows) * a.group_in;
-    const uint16_t* wt = a.wb + tile * a.K * kTileRows;
-    std::fill(acc, acc + (m_end - m_begin) * kTileRows, 0.0f);
-    for (int64_t k0 = 0; k0 < a.K; k0 += kChunk) {
-      const int64_t klen = std::min(kChunk, a.K - k0);
-      for (int64_t i = 0; i < klen * kTileRows; i += static_cast<int64_t>(kLanes))
-        hn::StoreU(LoadW(wt + k0 * kTileRows + i), df, wbuf + i);
-      for (int64_t roff = 0; roff < kTileRows && roff < rows_left; roff += kRows) {
-        const int64_t rows_here = std::min<int64_t>(kRows, rows_left - roff);
-        const int vt =
-            static_cast<int>((rows_here + static_cast<int64_t>(kLanes) - 1) / static_cast<int64_t>(kLanes));
-        for (int64_t m0 = m_begin; m0 < m_end; m0 += MT) {
-          const int rem = static_cast<int>(std::min<int64_t>(MT, m_end - m0));
-          WithVMT<V, MT>(vt, rem, [&](auto v, auto mt) {
-            constexpr int kV = decltype(v)::value, kMT = decltype(mt)::value;
-            Bf16BlockMicro<kFma, kV, kMT>(wbuf + roff, k0, klen, a.pairs, x + m0 * a.ldq, a.ldq,
-                                          acc + (m0 - m_begin) * kTileRows + roff);
-          });
-        }
-      }
-    }
-    for (int64_t m = m_begin; m < m_end; ++m)
-      StoreRows<static_cast<int>(kTileRows / kLanes), 1>(acc + (m - m_begin) * kTileRows, a, m, tile * kTileRows,
-                                                          a.round);
-  }
-}
-
 void RunBf16Items(const QArgs& a, int64_t item0, int64_t item1) {
-  if (a.wb != nullptr && a.M >= kBlockGemmMinM) {
-    if (a.fma) {
-      RunBf16Block<true>(a, item0, item1);
-    } else {
-      RunBf16Block<false>(a, item0, item1);
-    }
-    return;
-  }
   RunItems<kMicroV, kMicroMT>(a, item0, item1, [&](auto vt, auto mt, const QArgs& aa, int64_t tile, int64_t roff,
                                                      int64_t m0) {
     constexpr int kV = decltype(vt)::value, kMT = decltype(mt)::value;

@@ -160,7 +160,7 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
 }
 
 void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
-  if (a.M >= kBlockGemmMinM) {
+  if (kUseBlockGemm && a.M >= kBlockGemmMinM) {
     // Prefill: each (tile, 32-column group) converted once for the m-chunk.
     RunBlockItems<kBlockV, kBlockMT>(a, item0, item1, 32, [&](int64_t tile, int64_t g, float* w, float* sw) {
       const DF df;

@@ -85,7 +85,7 @@ HWY_INLINE void Fp8Micro(const QArgs& a, const uint8_t* wt, const float* ws_t, i
 }
 
 void RunFp8(const QArgs& a, int64_t item0, int64_t item1) {
-  if (a.M >= kBlockGemmMinM) {
+  if (kUseBlockGemm && a.M >= kBlockGemmMinM) {
     // Prefill: each (tile, act block) converted once for the whole m-chunk.
     const int64_t klen = a.ab;
     RunBlockItems<kBlockV, kBlockMT>(a, item0, item1, klen, [&](int64_t tile, int64_t b, float* w, float* sw) {
