@@ -11,8 +11,11 @@
 //     so the order of every addition is part of the result.
 //   * These kernels therefore never split a sum across SIMD lanes. Each lane
 //     owns one output element (one weight row n) and walks K in exactly the
-//     reference's order with separate multiply and add instructions (no FMA;
-//     the build uses -ffp-contract=off). Rows are processed 64 at a time from a
+//     reference's order. Multiply-adds are fused (FMA) only where every
+//     product is exact in FP32, which makes an FMA give the multiply-then-add
+//     bits: always for FP8/FP4, for BF16 when a per-call range check passes
+//     (linear_common.h; tests/unit/fma_exact_test.cc); elsewhere separate
+//     multiply and add (the build uses -ffp-contract=off). Rows are processed 64 at a time from a
 //     load-time repacked layout in which the 64 rows' k-th elements are
 //     adjacent, so one vector load feeds 16 (AVX-512) or 8 (AVX2) output rows.
 //   * Products are exact in FP32, and power-of-two scalings commute with
