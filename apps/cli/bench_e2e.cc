@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/alloc_count.h"
 #include "base/error.h"
 #include "base/parallel.h"
 #include "base/region_timer.h"
@@ -49,7 +50,7 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 struct E2eArgs {
-  std::string model, json_out, png_out;
+  std::string model, json_out, png_out, target;
   int threads = 0;
   std::vector<int> batches = {1, 4, 16};
   int64_t prompt_len = 64;
@@ -153,6 +154,7 @@ void RunE2e(const E2eArgs& a) {
   }
   // The model's config before anything is measured (a wrong --model fails fast).
   (void)ModelConfig::Load(a.model);
+  if (!a.target.empty()) cpu::SelectTarget(a.target);
   if (a.threads != 0) SetNumThreads(a.threads);
   const int threads = NumThreads();
   const fs::path dir(a.model);
@@ -290,6 +292,7 @@ void RunE2e(const E2eArgs& a) {
     std::vector<double> steps;
     ResetRegionTimes();
     double decode_total = 0;
+    uint64_t decode_allocs = 0;
     for (int st = 0; st < a.decode_steps; ++st) {
       v41::ForwardBatch db;
       db.exchange = a.dp > 1 ? EpExchange::kStatic : EpExchange::kReplicated;
@@ -301,9 +304,11 @@ void RunE2e(const E2eArgs& a) {
         q.state = views[s];
         db.seqs.push_back(q);
       }
+      const uint64_t allocs0 = HeapAllocations();
       t0 = Now();
       forward(db);
       const double dt = Now() - t0;
+      decode_allocs += HeapAllocations() - allocs0;
       steps.push_back(dt);
       decode_total += dt;
       argmax_rows();
@@ -321,6 +326,7 @@ void RunE2e(const E2eArgs& a) {
            {"decode_step_seconds_median", step},
            {"decode_step_samples", steps},
            {"decode_tok_s", decode_tps},
+           {"heap_allocations_per_decode_step", static_cast<double>(decode_allocs) / a.decode_steps},
            {"sequences_per_rank", B},
            {"collective_seconds_per_decode_step",
             decode_regions.is_null() || !decode_regions.contains("collective")
@@ -351,6 +357,8 @@ void RunE2e(const E2eArgs& a) {
                                      100 * r["fraction_of_triad"].get<double>())
                              .c_str()
                        : "");
+    std::printf("            heap allocations per decode step: %.1f\n",
+                r["heap_allocations_per_decode_step"].get<double>());
     if (!decode_regions.is_null()) {
       std::printf("            decode time by region:");
       for (auto it = decode_regions.begin(); it != decode_regions.end(); ++it)
@@ -441,6 +449,7 @@ void RegisterBenchE2e(CLI::App& bench) {
   e->add_option("--json", args->json_out, "Output JSON file")->required();
   e->add_option("--png", args->png_out, "Output PNG plot (default: JSON path with .png)");
   e->add_option("--threads", args->threads, "Worker threads (default: all hardware threads)");
+  e->add_option("--target", args->target, "SIMD target: auto | avx512 | avx2 | the fallback (default auto)");
   e->add_option("--batches", args->batches, "Batch sizes")->capture_default_str();
   e->add_option("--prompt-len", args->prompt_len, "Prompt tokens per sequence")->capture_default_str();
   e->add_option("--decode-steps", args->decode_steps, "Decode steps timed (median reported)")->capture_default_str();

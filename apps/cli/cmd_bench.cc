@@ -47,6 +47,7 @@
 #include "kernels/ref/ref_ops.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
+extern "C" char* openblas_get_corename(void);
 
 namespace deepinfer::cli {
 namespace bench {
@@ -276,6 +277,7 @@ namespace fs = std::filesystem;
 struct KernelArgs {
   std::string json_out, png_out;
   int threads = 0;
+  std::string target;
   int reps = 5;
   bool quick = false;
   std::vector<int64_t> gemm_m;
@@ -319,6 +321,7 @@ void RunKernels(const KernelArgs& args) {
     if (m < 1 || m > 65536) Fail(ErrorKind::kInvalidArgument, "bench kernels: --gemm-m must be in [1, 65536], got {}", m);
   bench::CheckWritable(args.json_out, "--json");
   if (!args.png_out.empty()) bench::CheckWritable(args.png_out, "--png");
+  if (!args.target.empty()) cpu::SelectTarget(args.target);
   if (args.threads != 0) SetNumThreads(args.threads);
   const int threads = NumThreads();
   openblas_set_num_threads(threads);
@@ -328,6 +331,10 @@ void RunKernels(const KernelArgs& args) {
   json out;
   out["benchmark"] = "kernels";
   out["machine"] = bench::MachineJson(threads);
+  // OpenBLAS picks its own kernels (OPENBLAS_CORETYPE=Haswell before the
+  // program starts gives its AVX2 kernels, to compare with --target avx2).
+  out["machine"]["openblas_core"] = openblas_get_corename();
+  std::printf("OpenBLAS core: %s\n", openblas_get_corename());
   std::printf("bench kernels: %s, %d threads, target %s\n", out["machine"]["cpu"].get<std::string>().c_str(),
               threads, cpu::ActiveTarget().c_str());
 
@@ -599,6 +606,7 @@ void RegisterBench(CLI::App& app) {
   k->add_option("--json", args->json_out, "Output JSON file")->required();
   k->add_option("--png", args->png_out, "Output PNG plot (default: JSON path with .png)");
   k->add_option("--threads", args->threads, "Worker threads (default: all hardware threads)");
+  k->add_option("--target", args->target, "SIMD target: auto | avx512 | avx2 | the fallback (default auto)");
   k->add_option("--reps", args->reps, "Timed passes per measurement (median reported)")->capture_default_str();
   k->add_flag("--quick", args->quick, "Small sizes (a smoke run, not a measurement)");
   k->add_option("--gemm-m", args->gemm_m, "GEMM row counts (default 64 128 256 512 1024 2048)");

@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "format/numerics.h"
+#include "kernels/cpu/cpu_ops.h"
 
 namespace deepinfer::cli {
 
@@ -79,6 +80,9 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
   cmd->add_option("--prompt-as-decode-max-tokens", f->args.prompt_as_decode_max_tokens,
                   "Prompts of at most this many tokens run in decode-shaped steps")
       ->capture_default_str();
+  cmd->add_option_function<std::string>(
+      "--target", [](const std::string& v) { cpu::SelectTarget(v); },
+      "SIMD target of the CPU kernels: auto | avx512 | avx2 | the fallback (same bits on every target)");
   cmd->add_option("--threads", f->args.num_threads, "CPU threads (0 = all cores)")
       ->capture_default_str()
       ->check(NonNegativeInt());

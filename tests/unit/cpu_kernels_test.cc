@@ -97,7 +97,9 @@ struct Shape {
   int64_t M, N, K;
 };
 const std::vector<Shape> kShapes = {
-    {1, 64, 32}, {1, 100, 96}, {2, 130, 256}, {3, 17, 64}, {7, 64, 160}, {13, 200, 128}, {100, 70, 96}, {1, 1, 32}};
+    {1, 64, 32}, {1, 100, 96}, {2, 130, 256}, {3, 17, 64}, {7, 64, 160}, {13, 200, 128}, {100, 70, 96}, {1, 1, 32},
+    // M >= 16: the block GEMM (weights converted once per tile and K block)
+    {16, 64, 64}, {41, 130, 128}, {203, 24, 64}};
 
 TEST(CpuKernels, TargetsIncludeBaseline) {
   const std::vector<int64_t> t = AvailableTargets();
@@ -309,6 +311,26 @@ TEST(CpuKernels, LinearBf16AndHeadBitIdentical) {
         LinearF32Bf16W(xf.data(), sh.M, p, got.data());
         EXPECT_TRUE(SameBits(got, want)) << "LinearF32Bf16W M=" << sh.M << " N=" << sh.N << " K=" << K;
       }
+    }
+  });
+}
+
+// BF16 GEMM with products that underflow (activations near 2^-126) or come
+// near overflow: the FMA guard (linear_common.h Bf16FmaExact) must send
+// these to the multiply-then-add path; same bits as the reference.
+TEST(CpuKernels, LinearBf16ExtremeRangesBitIdentical) {
+  ForEachTarget([&] {
+    const int64_t M = 20, N = 70, K = 96;
+    for (int c = 0; c < 3; ++c) {
+      const float lo = c == 0 ? -128.0f : (c == 1 ? 110.0f : -20.0f), hi = c == 0 ? -110.0f : (c == 1 ? 127.0f : 20.0f);
+      const std::vector<uint16_t> w = RandomBf16(N * K, 900 + c);
+      std::vector<float> x = RandomActs(M * K, 910 + c, lo, hi);
+      const ref::Bf16Weight view{w.data(), N, K};
+      const PackedBf16 p = PackBf16(view);
+      std::vector<float> want(M * N), got(M * N, -1.0f);
+      ref::LinearBf16(x.data(), M, view, want.data());
+      LinearBf16(x.data(), M, p, got.data());
+      EXPECT_TRUE(SameBits(got, want)) << "case " << c;
     }
   });
 }

@@ -22,7 +22,9 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/parallel.h"
 #include "format/numerics.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "model/state.h"
 #include "model/v41/model.h"
 
@@ -561,6 +563,76 @@ TEST_F(V41Golden, FastKernelsEqualReferenceKernels) {
   for (size_t i = 0; i < logits[0].size(); ++i)
     differ += std::memcmp(&logits[0][i], &logits[1][i], 4) != 0;
   EXPECT_EQ(differ, 0) << "of " << logits[0].size() << " logits";
+}
+
+// Every position's logits of the longest golden prompt (whole-prompt
+// prefill) and then `steps` greedy one-token decode steps (tokens chosen by
+// this run), concatenated.
+std::vector<float> LongestPromptLogits(V41Model* m, int64_t steps) {
+  const json& P = Golden()["prompts"];
+  int longest = 0;
+  for (int i = 0; i < static_cast<int>(P.size()); ++i)
+    if (PromptIds(i).size() > PromptIds(longest).size()) longest = i;
+  std::vector<int32_t> toks = PromptIds(longest);
+  const int64_t n = static_cast<int64_t>(toks.size());
+  const StateGeometry geo = m->geometry(16);
+  const int64_t blocks = geo.BlocksForTokens(n + steps);
+  DenseStateArena arena(geo, 1, blocks);
+  std::vector<int32_t> table(blocks);
+  for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(b);
+  std::vector<float> all;
+  for (int64_t step = 0; step <= steps; ++step) {
+    ForwardBatch batch;
+    ForwardSeq q;
+    q.tokens = step == 0 ? toks.data() : toks.data() + n + step - 1;
+    q.len = step == 0 ? n : 1;
+    q.start_pos = step == 0 ? 0 : n + step - 1;
+    q.state = arena.View(0, table.data(), blocks);
+    q.logits = ForwardSeq::Logits::kAll;
+    batch.seqs.push_back(q);
+    ForwardOutput out;
+    m->Forward(batch, &out);
+    const float* last = out.logits.data() + (q.len - 1) * out.vocab;
+    toks.push_back(static_cast<int32_t>(std::max_element(last, last + out.vocab) - last));
+    all.insert(all.end(), out.logits.begin(), out.logits.end());
+  }
+  return all;
+}
+
+// The same bits on every SIMD target this CPU runs (AVX-512, AVX2, the
+// portable fallback; cpu::ForceTarget, as `--target`) and for 1, 2 and 3
+// threads: every logit of a 300-token prefill and 3 decode steps.
+TEST_F(V41Golden, SameBitsOnEveryTargetAndThreadCount) {
+  const int threads0 = NumThreads();
+  std::vector<float> want;
+  std::string want_name;
+  int runs = 0;
+  const std::vector<int64_t> targets = cpu::AvailableTargets();  // before any ForceTarget
+  for (int64_t t : targets) {
+    cpu::ForceTarget(t);
+    for (int threads : {1, 2, 3}) {
+      // Thread counts 1, 2, 3 on the best target; 1 and 3 on the next; the
+      // (slow) fallback once.
+      if (t != targets.front() && threads == 2 && t != targets.back()) continue;
+      if (t == targets.back() && targets.size() > 1 && threads != 2) continue;
+      SetNumThreads(threads);
+      const std::string name = cpu::TargetName(t) + "/" + std::to_string(threads) + " threads";
+      std::vector<float> got = LongestPromptLogits(model_, 3);
+      ++runs;
+      if (want.empty()) {
+        want = std::move(got);
+        want_name = name;
+        continue;
+      }
+      ASSERT_EQ(got.size(), want.size()) << name;
+      int64_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
+      EXPECT_EQ(differ, 0) << name << " vs " << want_name << ": of " << got.size() << " logits";
+    }
+  }
+  cpu::ForceTarget(0);
+  SetNumThreads(threads0);
+  EXPECT_GE(runs, targets.size() > 1 ? 4 : 3);  // a SIMD target at three thread counts + the fallback
 }
 
 }  // namespace

@@ -140,5 +140,9 @@ std::vector<int64_t> AvailableTargets() {
 
 void ForceTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
 
+// DEEPINFER_TARGET applies to every program that links the kernels (tests
+// included: this translation unit is always linked) before main runs.
+static const bool kEnvTargetApplied = ApplyTargetFromEnv();
+
 }  // namespace deepinfer::cpu
 #endif  // HWY_ONCE

@@ -11,8 +11,11 @@
 //     so the order of every addition is part of the result.
 //   * These kernels therefore never split a sum across SIMD lanes. Each lane
 //     owns one output element (one weight row n) and walks K in exactly the
-//     reference's order with separate multiply and add instructions (no FMA;
-//     the build uses -ffp-contract=off). Rows are processed 64 at a time from a
+//     reference's order. Multiply-adds are fused (FMA) only where every
+//     product is exact in FP32, which makes an FMA give the multiply-then-add
+//     bits: always for FP8/FP4, for BF16 when a per-call range check passes
+//     (linear_common.h; tests/unit/fma_exact_test.cc); elsewhere separate
+//     multiply and add (the build uses -ffp-contract=off). Rows are processed 64 at a time from a
 //     load-time repacked layout in which the 64 rows' k-th elements are
 //     adjacent, so one vector load feeds 16 (AVX-512) or 8 (AVX2) output rows.
 //   * Products are exact in FP32, and power-of-two scalings commute with
@@ -90,6 +93,11 @@ struct PackedBf16 {
   ref::Bf16Weight src;
   int64_t tiles = 0;
   AlignedArray<uint16_t> w;
+  // Binary exponent range of the nonzero weights, and whether all are finite
+  // (the FMA guard of the BF16 GEMM, linear_common.h Bf16FmaExact).
+  // (defaults: no FMA unless PackBf16 measured the weights)
+  int exp_lo = -1000, exp_hi = 1000;
+  bool finite = true, any_nonzero = true;
   size_t bytes() const;
 };
 
@@ -189,5 +197,19 @@ std::vector<int64_t> AvailableTargets();
 // with concurrent kernel calls.
 void ForceTarget(int64_t target);
 std::string TargetName(int64_t target);
+// The `--target` spelling of a target: "avx512" (HWY_AVX3), "avx2", else the
+// lower-case Highway name ("emu128", "scalar").
+std::string TargetFlagName(int64_t target);
+// `--target NAME` / DEEPINFER_TARGET=NAME: "auto" (the best supported target),
+// "avx512" (also "avx3"), "avx2", or the fallback's name ("emu128" or
+// "scalar", as AvailableTargets() lists it); case-insensitive. Restricts
+// dispatch like ForceTarget. Throws kInvalidArgument naming the value and the
+// available names when this binary/CPU cannot run it. DEEPINFER_TARGET is
+// applied when the program starts (a bad value exits with status 2), so the
+// test binaries can be run under each target.
+void SelectTarget(const std::string& name);
+// Applies DEEPINFER_TARGET when set (returns whether it was); a bad value
+// prints the error and exits with status 2. Called once at start-up.
+bool ApplyTargetFromEnv();
 
 }  // namespace deepinfer::cpu

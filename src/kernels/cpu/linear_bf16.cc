@@ -33,7 +33,32 @@ HWY_INLINE VF LoadW(const uint16_t* p) {
   return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, p))));
 }
 
-template <typename WT, int V, int MT>
+// One k of the micro-tile (an always-inlined function, not a lambda: with
+// the FMA variants g++ stopped inlining a lambda here and spilled the sums).
+template <typename WT, bool kFma, int V, int MT>
+HWY_INLINE void Bf16Step(VF (&acc)[MT][V], const WT* wt, int64_t roff, const float* xr, int64_t ldq, int64_t k) {
+  const DF df;
+  constexpr int64_t kPf = kPrefetchBytes / static_cast<int64_t>(sizeof(WT));
+  const WT* wk = wt + k * kTileRows + roff;
+  hwy::Prefetch(wk + kPf);
+  if constexpr (sizeof(WT) * kTileRows > 64) hwy::Prefetch(wk + kPf + 64 / sizeof(WT));
+  HWY_UNROLL(8)
+  for (int v = 0; v < V; ++v) {
+    const VF w = LoadW(wk + v * kLanes);
+    HWY_UNROLL(8)
+    for (int m = 0; m < MT; ++m) {
+      if constexpr (kFma) {
+        acc[m][v] = hn::MulAdd(hn::Set(df, xr[m * ldq + k]), w, acc[m][v]);
+      } else {
+        acc[m][v] = hn::Add(acc[m][v], hn::Mul(hn::Set(df, xr[m * ldq + k]), w));
+      }
+    }
+  }
+}
+
+// kFma: every product exact (linear_common.h Bf16FmaExact), so an FMA gives
+// the multiply-then-add bits.
+template <typename WT, bool kFma, int V, int MT>
 HWY_INLINE void Bf16Micro(const QArgs& a, const WT* wt, const float* x, int64_t roff, int64_t m0, int64_t n0) {
   const DF df;
   VF acc[MT][V];
@@ -44,27 +69,15 @@ HWY_INLINE void Bf16Micro(const QArgs& a, const WT* wt, const float* x, int64_t 
   }
   const float* xr = x + m0 * a.ldq;
   const int64_t K = a.K;
-  constexpr int64_t kPf = kPrefetchBytes / static_cast<int64_t>(sizeof(WT));
-  auto step = [&](int64_t k) HWY_ATTR {
-    const WT* wk = wt + k * kTileRows + roff;
-    hwy::Prefetch(wk + kPf);
-    if constexpr (sizeof(WT) * kTileRows > 64) hwy::Prefetch(wk + kPf + 64 / sizeof(WT));
-    HWY_UNROLL(8)
-    for (int v = 0; v < V; ++v) {
-      const VF w = LoadW(wk + v * kLanes);
-      HWY_UNROLL(8)
-      for (int m = 0; m < MT; ++m) acc[m][v] = hn::Add(acc[m][v], hn::Mul(hn::Set(df, xr[m * a.ldq + k]), w));
-    }
-  };
   if (!a.pairs) {
-    for (int64_t k = 0; k < K; ++k) step(k);
+    for (int64_t k = 0; k < K; ++k) Bf16Step<WT, kFma, V, MT>(acc, wt, roff, xr, a.ldq, k);
   } else {
     int64_t k = 0;
     for (; k + 1 < K; k += 2) {
-      step(k + 1);
-      step(k);
+      Bf16Step<WT, kFma, V, MT>(acc, wt, roff, xr, a.ldq, k + 1);
+      Bf16Step<WT, kFma, V, MT>(acc, wt, roff, xr, a.ldq, k);
     }
-    if (k < K) step(k);
+    if (k < K) Bf16Step<WT, kFma, V, MT>(acc, wt, roff, xr, a.ldq, k);
   }
   HWY_ALIGN float out[MT][V * kLanes];
   for (int m = 0; m < MT; ++m)
@@ -79,9 +92,11 @@ void RunBf16Items(const QArgs& a, int64_t item0, int64_t item1) {
     const float* x = aa.q;
     if (aa.group_rows > 0) x += ((tile * kTileRows) / aa.group_rows) * aa.group_in;
     if (aa.wf != nullptr) {
-      Bf16Micro<float, kV, kMT>(aa, aa.wf + tile * aa.K * kTileRows, x, roff, m0, tile * kTileRows);
+      Bf16Micro<float, false, kV, kMT>(aa, aa.wf + tile * aa.K * kTileRows, x, roff, m0, tile * kTileRows);
+    } else if (aa.fma) {
+      Bf16Micro<uint16_t, true, kV, kMT>(aa, aa.wb + tile * aa.K * kTileRows, x, roff, m0, tile * kTileRows);
     } else {
-      Bf16Micro<uint16_t, kV, kMT>(aa, aa.wb + tile * aa.K * kTileRows, x, roff, m0, tile * kTileRows);
+      Bf16Micro<uint16_t, false, kV, kMT>(aa, aa.wb + tile * aa.K * kTileRows, x, roff, m0, tile * kTileRows);
     }
   });
 }
@@ -111,6 +126,14 @@ void RunBf16(const float* x, int64_t M, const PackedBf16& w, float* y, bool pair
   a.round = round;
   a.group_rows = group_rows;
   a.group_in = group_in;
+  if (M >= kBlockGemmMinM) {
+    ExpRange wr;
+    wr.lo = w.exp_lo;
+    wr.hi = w.exp_hi;
+    wr.finite = w.finite;
+    wr.any_nonzero = w.any_nonzero;
+    a.fma = Bf16FmaExact(FloatsExpRange(x, M, ldq, ldq), wr);
+  }
   ParallelItems(a, HWY_DYNAMIC_DISPATCH(RunBf16Items));
 }
 }  // namespace

@@ -2,7 +2,9 @@
 // by the kernels/cpu linear translation units (not a public header).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -47,7 +49,91 @@ struct QArgs {
   bool round = true;              // round the output to BF16
   int64_t group_rows = 0;         // grouped wo_a: outputs per group (R), 0 = plain
   int64_t group_in = 0;           // grouped wo_a: input columns per group (Kg)
+  bool fma = false;               // BF16: every product exact (Bf16FmaExact)
 };
+
+// ---------------------------------------------------------------- FMAs
+// An FMA rounds a·b + c once, a multiply then an add rounds a·b first: the
+// two give the same bits for every c whenever a·b is exact in FP32
+// (tests/unit/fma_exact_test.cc checks every code pair). E4M3×E4M3 and
+// E2M1×E4M3 products (also in the scaled operand units above: |product| >=
+// 2^-19, at most 8 significant bits) always are, so the FP8/FP4 kernels use
+// FMAs unconditionally. A BF16×BF16 product (8 significant bits each) is
+// exact unless it underflows or overflows: with ea, eb the binary exponents
+// (floor(log2|v|)) of the nonzero operands, exactly when ea + eb lies in
+// [kBf16FmaMinExpSum, kBf16FmaMaxExpSum] (the product's lowest bit is at
+// least 2^-149; it stays below 2^127). The BF16 GEMM checks that per call
+// (activations: every value BF16-exact and finite, weights: their range at
+// pack time) and otherwise multiplies then adds.
+inline constexpr int kBf16FmaMinExpSum = -135;
+inline constexpr int kBf16FmaMaxExpSum = 125;
+
+// Binary exponent range of the nonzero values (subnormals count as -150, so
+// they fail the guard), whether every value is finite, and whether every
+// value is exactly a BF16.
+struct ExpRange {
+  int lo = 1000, hi = -1000;
+  bool finite = true, bf16 = true, any_nonzero = false;
+  void Add(uint32_t u) {
+    const uint32_t e = (u >> 23) & 0xFFu;
+    if (e == 0xFFu) finite = false;
+    if ((u & 0x7FFFFFFFu) == 0) return;
+    any_nonzero = true;
+    const int x = e == 0 ? -150 : static_cast<int>(e) - 127;
+    lo = std::min(lo, x);
+    hi = std::max(hi, x);
+  }
+};
+inline ExpRange Bf16CodesExpRange(const uint16_t* w, int64_t n) {
+  ExpRange r;
+  for (int64_t i = 0; i < n; ++i) r.Add(static_cast<uint32_t>(w[i]) << 16);
+  return r;
+}
+// Rows x[m·ld + k], m < M, k < K.
+inline ExpRange FloatsExpRange(const float* x, int64_t M, int64_t K, int64_t ld) {
+  ExpRange r;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) {
+      uint32_t u;
+      std::memcpy(&u, x + m * ld + k, 4);
+      r.bf16 = r.bf16 && (u & 0xFFFFu) == 0;
+      r.Add(u);
+    }
+  }
+  return r;
+}
+// True when every product x·w of the call is exact in FP32 (see above).
+inline bool Bf16FmaExact(const ExpRange& x, const ExpRange& w) {
+  if (!x.finite || !w.finite || !x.bf16) return false;
+  if (!x.any_nonzero || !w.any_nonzero) return true;
+  return x.lo + w.lo >= kBf16FmaMinExpSum && x.hi + w.hi <= kBf16FmaMaxExpSum;
+}
+
+// ---------------------------------------------------------------- block GEMM
+// Prefill-sized calls (M >= kBlockGemmMinM) of the FP8/FP4 linears convert
+// each (64-row tile, K block) of weights once into FP32 operands in
+// BlockScratch::w and run every activation row of the m-chunk over it; the
+// accumulators of the chunk live in BlockScratch::acc.
+inline constexpr int64_t kBlockGemmMinM = 16;
+struct BlockScratch {
+  AlignedArray<float> w, sw, acc;  // 64-byte aligned (StoreRows loads acc aligned)
+  int64_t nw = 0, nacc = 0;
+  void Resize(int64_t want_w, int64_t want_acc) {
+    if (nw < want_w) {
+      w = AllocateAligned<float>(static_cast<size_t>(want_w));
+      nw = want_w;
+    }
+    if (sw == nullptr) sw = AllocateAligned<float>(kTileRows);
+    if (nacc < want_acc) {
+      acc = AllocateAligned<float>(static_cast<size_t>(want_acc));
+      nacc = want_acc;
+    }
+  }
+};
+inline BlockScratch& ThreadBlockScratch() {
+  thread_local BlockScratch s;
+  return s;
+}
 
 // Per-thread activation scratch (grows, never shrinks).
 struct ActBuffers {

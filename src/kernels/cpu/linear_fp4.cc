@@ -102,6 +102,32 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
         }
         continue;
       }
+#elif HWY_TARGET == HWY_AVX2
+      if constexpr (MT == 1) {
+        // GEMV on AVX2 (8-lane vpermps): the 8 magnitudes' products q·|w|
+        // form a table (exact products), the weight's sign bit is xor-ed in:
+        // per 8 weights a shift, a vpermps, a shift, an and, an xor and an
+        // add (the 16-entry lookup of the generic path costs more).
+        hn::Vec<decltype(du)> x[V];
+        HWY_UNROLL(8)
+        for (int v = 0; v < V; ++v) x[v] = hn::LoadU(du, wj + v * kLanes);
+        const VF mags = hn::Load(df, kE2M1Scaled);  // entries 0..7: +magnitudes
+        const auto sign_bit = hn::Set(du, 0x80000000u);
+        HWY_UNROLL(8)
+        for (int i = 0; i < 8; ++i) {
+          const VF t = hn::Mul(hn::Set(df, q[k8 + i]), mags);
+          HWY_UNROLL(8)
+          for (int v = 0; v < V; ++v) {
+            const auto idx = i == 0 ? x[v] : hn::ShiftRightSame(x[v], 4 * i);
+            // vpermps reads bits 2..0 of each index: the magnitude code.
+            const VF mag = VF{_mm256_permutevar8x32_ps(t.raw, idx.raw)};
+            // Bit 3 of nibble i (bit 4i+3) moved to bit 31.
+            const auto sgn = hn::And(hn::ShiftLeftSame(x[v], 28 - 4 * i), sign_bit);
+            part[0][v] = hn::Add(part[0][v], hn::BitCast(df, hn::Xor(hn::BitCast(du, mag), sgn)));
+          }
+        }
+        continue;
+      }
 #endif
       HWY_UNROLL(8)
       for (int i = 0; i < 8; ++i) {
@@ -112,7 +138,7 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
           const VF w = E2M1Lookup(i == 0 ? xv : hn::ShiftRightSame(xv, 4 * i));
           HWY_UNROLL(8)
           for (int m = 0; m < MT; ++m)
-            part[m][v] = hn::Add(part[m][v], hn::Mul(hn::Set(df, q[m * a.ldq + k8 + i]), w));
+            part[m][v] = hn::MulAdd(hn::Set(df, q[m * a.ldq + k8 + i]), w, part[m][v]);
         }
       }
     }
@@ -134,6 +160,27 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
 }
 
 void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
+  if (kUseBlockGemm && a.M >= kBlockGemmMinM) {
+    // Prefill: each (tile, 32-column group) converted once for the m-chunk.
+    RunBlockItems<kBlockV, kBlockMT>(a, item0, item1, 32, [&](int64_t tile, int64_t g, float* w, float* sw) {
+      const DF df;
+      const hn::RebindToUnsigned<DF> du;
+      const hn::Rebind<uint8_t, DF> d8;
+      const uint32_t* w32 = reinterpret_cast<const uint32_t*>(a.w + tile * (a.K / 2) * kTileRows) + g * 4 * kTileRows;
+      for (int64_t j = 0; j < 4; ++j) {
+        for (int64_t r = 0; r < kTileRows; r += static_cast<int64_t>(kLanes)) {
+          const auto xv = hn::LoadU(du, w32 + j * kTileRows + r);
+          HWY_UNROLL(8)
+          for (int i = 0; i < 8; ++i)
+            hn::StoreU(E2M1Lookup(i == 0 ? xv : hn::ShiftRightSame(xv, 4 * i)), df, w + (8 * j + i) * kTileRows + r);
+        }
+      }
+      const uint8_t* sg = a.s + tile * (a.K / 32) * kTileRows + g * kTileRows;
+      for (int64_t r = 0; r < kTileRows; r += static_cast<int64_t>(kLanes))
+        hn::StoreU(hn::BitCast(df, hn::ShiftLeft<23>(hn::PromoteTo(du, hn::LoadU(d8, sg + r)))), df, sw + r);
+    });
+    return;
+  }
   RunItems<kMicroV, kMicroMT>(a, item0, item1, [&](auto vt, auto mt, const QArgs& aa, int64_t tile, int64_t roff,
                                                      int64_t m0) {
     constexpr int kV = decltype(vt)::value, kMT = decltype(mt)::value;

@@ -66,7 +66,7 @@ HWY_INLINE void Fp8Micro(const QArgs& a, const uint8_t* wt, const float* ws_t, i
       for (int v = 0; v < V; ++v) {
         const VF w = E4M3Scaled(wk + v * kLanes);
         HWY_UNROLL(8)
-        for (int m = 0; m < MT; ++m) part[m][v] = hn::Add(part[m][v], hn::Mul(hn::Set(df, q[m * a.ldq + k]), w));
+        for (int m = 0; m < MT; ++m) part[m][v] = hn::MulAdd(hn::Set(df, q[m * a.ldq + k]), w, part[m][v]);
       }
     }
     const float* wsk = ws_t + (k0 / 32) * 4;
@@ -85,6 +85,19 @@ HWY_INLINE void Fp8Micro(const QArgs& a, const uint8_t* wt, const float* ws_t, i
 }
 
 void RunFp8(const QArgs& a, int64_t item0, int64_t item1) {
+  if (kUseBlockGemm && a.M >= kBlockGemmMinM) {
+    // Prefill: each (tile, act block) converted once for the whole m-chunk.
+    const int64_t klen = a.ab;
+    RunBlockItems<kBlockV, kBlockMT>(a, item0, item1, klen, [&](int64_t tile, int64_t b, float* w, float* sw) {
+      const DF df;
+      const uint8_t* wt = a.w + tile * a.K * kTileRows + b * klen * kTileRows;
+      for (int64_t i = 0; i < klen * kTileRows; i += static_cast<int64_t>(kLanes))
+        hn::StoreU(E4M3Scaled(wt + i), df, w + i);
+      const float* ws = a.ws + tile * (a.K / 32) * 4 + ((b * klen) / 32) * 4;
+      for (int64_t r = 0; r < kTileRows; ++r) sw[r] = ws[r / 16];
+    });
+    return;
+  }
   RunItems<kMicroV, kMicroMT>(a, item0, item1, [&](auto vt, auto mt, const QArgs& aa, int64_t tile, int64_t roff,
                                                  int64_t m0) {
     constexpr int kV = decltype(vt)::value, kMT = decltype(mt)::value;

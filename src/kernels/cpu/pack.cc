@@ -133,6 +133,11 @@ PackedBf16 PackBf16(const ref::Bf16Weight& w) {
   p.tiles = (w.out + kTileRows - 1) / kTileRows;
   p.w = AllocateAligned<uint16_t>(static_cast<size_t>(p.tiles * w.in * kTileRows));
   Interleave(w.w, w.out, w.in, p.tiles, p.w.get());
+  const ExpRange r = Bf16CodesExpRange(w.w, w.out * w.in);
+  p.exp_lo = r.lo;
+  p.exp_hi = r.hi;
+  p.finite = r.finite;
+  p.any_nonzero = r.any_nonzero;
   return p;
 }
 
