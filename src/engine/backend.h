@@ -32,6 +32,11 @@ struct BackendSeq {
   int64_t restore_prefix = 0;
   const int32_t* restore_tokens = nullptr;
   int64_t num_restore_tokens = 0;
+  // Speculative decoding: receives the compressor inputs of every row for
+  // rollback (v41::ForwardSeq::carry_capture's layout). Null: not wanted.
+  // Only single-process backends support it (the engine refuses speculation
+  // otherwise).
+  float* carry_capture = nullptr;
 };
 
 // Number of logits rows a chunk returns (backend.h's layout).

@@ -121,6 +121,7 @@ class V41Backend : public ModelBackend {
       f.start_pos = s.start_pos;
       f.state = s.state;
       f.logits = LogitsMode(s.all_logits, s.want_logits);
+      f.carry_capture = s.carry_capture;
       batch.seqs.push_back(f);
     }
     if (comm_) {

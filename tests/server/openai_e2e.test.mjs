@@ -691,6 +691,18 @@ test('/metrics parses as Prometheus text with the expected families', async () =
     assert.ok(count > 0, `${h}: observed`);
     assert.ok(m.samples.get(`deepinfer_${h}_sum${L}`) > 0);
   }
+  // A server run with --speculative-config (tests/cli/server_spec.sh sets DEEPINFER_EXPECT_SPEC=1):
+  // the spec_decode families are there and drafts were verified and accepted.
+  if (process.env.DEEPINFER_EXPECT_SPEC === '1') {
+    for (const name of ['deepinfer_spec_decode_num_drafts_total', 'deepinfer_spec_decode_num_draft_tokens_total',
+      'deepinfer_spec_decode_num_accepted_tokens_total', 'deepinfer_spec_decode_num_accepted_tokens_per_pos_total']) {
+      assert.equal(m.types.get(name), 'counter', name);
+    }
+    assert.equal(m.types.get('deepinfer_spec_decode_mean_accepted_length'), 'gauge');
+    assert.ok(m.samples.get(`deepinfer_spec_decode_num_drafts_total${L}`) > 0, 'drafts verified');
+    assert.ok(m.samples.get(`deepinfer_spec_decode_num_accepted_tokens_total${L}`) > 0, 'drafts accepted');
+    assert.ok(m.samples.get('deepinfer_spec_decode_num_accepted_tokens_per_pos_total{model_name="tiny",position="0"}') > 0);
+  }
   // Every request so far finished (stop, length or abort); errors none.
   assert.equal(m.samples.get('deepinfer_request_success_total{model_name="tiny",finished_reason="error"}'), 0);
   // promtool (Debian's prometheus package, installed by scripts/setup.sh) must accept the text with no warning.

@@ -94,6 +94,12 @@ struct ForwardSeq {
   int64_t start_pos = 0;            // absolute position of tokens[0]; state holds 0 .. start_pos-1
   SequenceStateView state;          // this sequence's state rows (caller-owned)
   enum class Logits { kNone, kLast, kAll } logits = Logits::kLast;
+  // Optional (speculative decoding, docs/speculative.md): receives the FP32
+  // compressor inputs (a, g) of EVERY row for each ratio-2 KV-source layer,
+  // laid out [carry region (StateKind::kCompressorCarry order)][len][2·head_dim]
+  // — the values the carry would hold had the chunk ended after that row, so
+  // the caller can roll the carry back to any row without recomputing.
+  float* carry_capture = nullptr;
 };
 
 struct ForwardBatch {
