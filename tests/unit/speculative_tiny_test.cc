@@ -89,7 +89,9 @@ Result RunAll(Engine& engine, const std::vector<GenerateRequest>& reqs, bool alo
       for (auto& o : engine.Step()) {
         if (!o.finished) continue;
         EXPECT_TRUE(o.error.empty()) << o.error;
-        EXPECT_EQ(o.logprobs.size(), o.token_ids.size());
+        if (!o.logprobs.empty()) {
+          EXPECT_EQ(o.logprobs.size(), o.token_ids.size());
+        }
         res.tokens[o.request_id] = o.token_ids;
         res.text[o.request_id] = o.text;
         auto& tl = res.top_logits[o.request_id];
@@ -126,7 +128,7 @@ std::string Ngram(int k, int lo, int hi) {
 }
 
 TEST_F(SpeculativeTiny, NgramGreedyIsBitIdenticalToSpeculationOff) {
-  const auto reqs = EnglishRequests(/*extra_tokens=*/14);
+  const auto reqs = EnglishRequests(/*extra_tokens=*/8);
   ASSERT_EQ(reqs.size(), 64u);
   Result off;
   {
@@ -153,8 +155,8 @@ TEST_F(SpeculativeTiny, NgramGreedyIsBitIdenticalToSpeculationOff) {
     const EngineStats& s = on.stats;
     EXPECT_EQ(s.num_kv_blocks_used, 0) << c.what;
     // Real acceptance, also of the later draft positions, and partial acceptance (rollback) happened.
-    EXPECT_GT(s.spec_num_drafts, 50) << c.what;
-    EXPECT_GT(s.spec_num_accepted_tokens, 30) << c.what;
+    EXPECT_GT(s.spec_num_drafts, 100) << c.what;
+    EXPECT_GT(s.spec_num_accepted_tokens, 50) << c.what;
     EXPECT_LT(s.spec_num_accepted_tokens, s.spec_num_draft_tokens) << c.what;
     ASSERT_EQ(s.spec_num_accepted_tokens_per_pos.size(), static_cast<size_t>(c.k));
     EXPECT_GT(s.spec_num_accepted_tokens_per_pos[static_cast<size_t>(c.k - 1)], 0) << c.what;
@@ -181,10 +183,13 @@ TEST_F(SpeculativeTiny, NgramGreedyIsBitIdenticalToSpeculationOff) {
   }
 }
 
-// A prompt whose continuation the n-gram proposer can draft: a repeated phrase.
+// A prompt whose continuation the n-gram proposer can draft from the first
+// output token on: the biased ids (AddLoopBias(0)) repeated.
 GenerateRequest RepeatPrompt(int64_t seed, int64_t max_tokens) {
   GenerateRequest r;
-  r.prompt = "one two three four, one two three four, one two three four, one two three four, one two three";
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 8; ++i) ids.insert(ids.end(), {1000, 5000, 20000, 1000, 20000});
+  r.prompt_token_ids = ids;
   r.params.temperature = 1.0;
   r.params.seed = seed;
   r.params.max_tokens = max_tokens;
@@ -196,9 +201,9 @@ GenerateRequest RepeatPrompt(int64_t seed, int64_t max_tokens) {
 
 TEST_F(SpeculativeTiny, SampledRequestsSameTokensAloneBatchedAndWithoutSpeculation) {
   std::vector<GenerateRequest> reqs;
-  for (int64_t s = 0; s < 12; ++s) reqs.push_back(RepeatPrompt(1000 + s, 12));
+  for (int64_t s = 0; s < 8; ++s) reqs.push_back(RepeatPrompt(1000 + s, 12));
   for (auto& r : EnglishRequests(6)) {
-    if (reqs.size() >= 24) break;
+    if (reqs.size() >= 16) break;
     r.params.temperature = 0.8;
     r.params.top_p = 0.9;
     r.params.seed = static_cast<int64_t>(reqs.size());
