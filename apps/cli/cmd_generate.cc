@@ -287,6 +287,18 @@ void RunGenerate(const GenerateOptions& o) {
                  static_cast<long long>(s.prefix_cache_hits), static_cast<long long>(s.prefix_cache_queries),
                  s.prefix_cache_queries > 0 ? 100.0 * s.prefix_cache_hits / s.prefix_cache_queries : 0.0,
                  static_cast<long long>(s.num_cached_blocks));
+  if (s.spec_num_speculative_tokens > 0) {
+    std::string per;
+    for (size_t i = 0; i < s.spec_num_accepted_tokens_per_pos.size(); ++i)
+      per += fmt::format("{}{}", i ? "," : "", s.spec_num_accepted_tokens_per_pos[i]);
+    std::fprintf(stderr,
+                 "generate: speculative decoding: %lld drafts, %lld draft tokens, %lld accepted (%.1f%%), mean "
+                 "accepted length %.3f, accepted per position [%s]\n",
+                 static_cast<long long>(s.spec_num_drafts), static_cast<long long>(s.spec_num_draft_tokens),
+                 static_cast<long long>(s.spec_num_accepted_tokens),
+                 s.spec_num_draft_tokens > 0 ? 100.0 * s.spec_num_accepted_tokens / s.spec_num_draft_tokens : 0.0,
+                 s.spec_mean_accepted_length(), per.c_str());
+  }
   if (engine->fatal_error()) Fail(ErrorKind::kUnavailable, "{}", *engine->fatal_error());
 }
 

@@ -76,6 +76,12 @@ struct EngineArgs {
   // Error(kInvalidArgument) naming the flag for another name or for a
   // checkpoint without FP8 weights.
   std::string fp8_format = "e4m3fn";
+  // --speculative-config (vLLM's JSON; docs/speculative.md), e.g.
+  // {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+  // "prompt_lookup_max": 4}. Empty = off. Open() throws
+  // Error(kInvalidArgument) naming the flag for a bad config, a method the
+  // model cannot run (dspark without a drafter) or a parallel job.
+  std::string speculative_config;
 };
 
 struct GenerateRequest {
@@ -163,6 +169,16 @@ struct EngineStats {
   int64_t num_cached_blocks = 0;        // published blocks (shared or evictable)
   int64_t num_evictable_blocks = 0;     // cached blocks no request holds (counted free in num_kv_blocks_used)
   bool prefix_caching = false;          // enabled (flag on and the model supports it)
+  // Speculative decoding (vLLM's spec_decode_* counters; docs/speculative.md):
+  int64_t spec_num_speculative_tokens = 0;  // k of --speculative-config (0 = off)
+  int64_t spec_num_drafts = 0;              // verification chunks with >= 1 draft
+  int64_t spec_num_draft_tokens = 0;        // draft tokens verified
+  int64_t spec_num_accepted_tokens = 0;     // of those, accepted
+  std::vector<int64_t> spec_num_accepted_tokens_per_pos;  // [k]: drafts accepted at draft position i
+  // Mean tokens per verification chunk: 1 + accepted / drafts (1 when none).
+  double spec_mean_accepted_length() const {
+    return spec_num_drafts ? 1.0 + static_cast<double>(spec_num_accepted_tokens) / spec_num_drafts : 1.0;
+  }
 };
 
 class Engine {

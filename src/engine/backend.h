@@ -36,6 +36,11 @@ struct BackendSeq {
   int64_t restore_prefix = 0;
   const int32_t* restore_tokens = nullptr;
   int64_t num_restore_tokens = 0;
+  // Speculative decoding: receives the compressor inputs of every row for
+  // rollback (v41::ForwardSeq::carry_capture's layout). Null: not wanted.
+  // Only single-process backends support it (the engine refuses speculation
+  // otherwise).
+  float* carry_capture = nullptr;
 };
 
 // Number of logits rows a chunk returns (backend.h's layout).
@@ -52,6 +57,11 @@ class ModelBackend {
   // and a geometry with the paged window history (model/state.h).
   virtual bool supports_prefix_caching() const { return false; }
   virtual StateGeometry CachingGeometry(int64_t block_size) const { return Geometry(block_size); }
+  // Speculative decoding (docs/speculative.md): a backend that supports it
+  // honours BackendSeq::carry_capture (the compressor-carry rows the rollback
+  // of rejected drafts rebuilds from); the engine refuses --speculative-config
+  // on any other.
+  virtual bool supports_speculative_rollback() const { return false; }
   // Runs all chunks. `logits` receives, for the seqs in order, FP32 rows of
   // vocab_size(): `len` rows (positions start_pos .. start_pos+len-1) for a
   // seq with all_logits, else one row (its last token) for a seq with

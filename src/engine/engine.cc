@@ -15,6 +15,7 @@
 #include "cache/cache_pool.h"
 #include "engine/backend.h"
 #include "engine/parallel_runner.h"
+#include "engine/speculative.h"
 #include "parallel/communicator.h"
 #include "scheduler/scheduler.h"
 #include "sampling/stop_checker.h"
@@ -96,6 +97,9 @@ struct Engine::Impl {
   std::vector<float> sample_rows;  // sampling rows gathered when a step also returns prompt rows
   std::unique_ptr<structured::TokenVocab> token_vocab;  // built at the first constrained request
   std::vector<uint32_t> mask_words;
+  // Speculative decoding (docs/speculative.md).
+  SpeculativeConfig spec;
+  std::unique_ptr<Proposer> proposer;
 
   RequestOutput& Pending(RequestRecord& r) {
     if (!r.has_pending) {
@@ -267,6 +271,28 @@ std::unique_ptr<Engine> Engine::OpenWithBackend(const EngineArgs& args, std::uni
   impl->sampler = std::make_unique<Sampler>(samp);
   impl->stats.num_kv_blocks = sc.num_kv_blocks;
   impl->stats.kv_cache_bytes = impl->pool->total_bytes();
+  impl->spec = ParseSpeculativeConfig(args.speculative_config);
+  if (impl->spec.enabled()) {
+    ValidateSpeculativeConfig(impl->spec, cfg);
+    if (dp > 1 || args.expert_parallel_size > 1)
+      Fail(ErrorKind::kInvalidArgument,
+           "--speculative-config cannot be combined with a parallel job (--ep {} --dp {}): the rollback of rejected "
+           "drafts runs in this process's pool only",
+           args.expert_parallel_size, dp);
+    if (impl->backend->context_parallel_size() > 1)
+      Fail(ErrorKind::kInvalidArgument,
+           "--speculative-config cannot be combined with --cp {}: the draft and rollback steps are not "
+           "context-parallel",
+           impl->backend->context_parallel_size());
+    if (!impl->backend->supports_speculative_rollback())
+      Fail(ErrorKind::kInvalidArgument,
+           "--speculative-config is not supported for model_type {} yet (its state rollback after rejected drafts "
+           "is not implemented)",
+           cfg.model_type);
+    impl->proposer = MakeProposer(impl->spec);
+    impl->stats.spec_num_speculative_tokens = impl->spec.num_speculative_tokens;
+    impl->stats.spec_num_accepted_tokens_per_pos.assign(static_cast<size_t>(impl->spec.num_speculative_tokens), 0);
+  }
   spdlog::debug("engine: {} KV blocks of {} tokens, {} slots, {} bytes of cache", num_blocks, args.block_size,
                 args.max_num_seqs, impl->pool->total_bytes());
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
@@ -429,6 +455,11 @@ struct ShardStep {
   std::deque<std::vector<int8_t>> image_types;
   std::deque<std::vector<float>> image_embeds;
   std::deque<std::vector<int32_t>> restore_ids;
+  // Speculative chunks (per plan seq; empty for the others): the fed tokens
+  // [last, drafts...], the fixed state they overwrite and the carry capture.
+  std::vector<std::vector<int32_t>> spec_tokens;
+  std::vector<FixedStateSnapshot> spec_snapshot;
+  std::vector<std::vector<float>> spec_carry;
 };
 
 // Batch metadata of a shard's plan (shard 0 addresses this process's pool;
@@ -446,7 +477,11 @@ void BuildShardStep(Engine::Impl& m, int shard, ShardStep* st, int64_t pad_seqs_
     return v;
   };
   st->seqs.reserve(plan.seqs.size() + static_cast<size_t>(std::max<int64_t>(pad_seqs_to, plan.num_padding_seqs)) + 1);
-  for (const ScheduledSeq& q : plan.seqs) {
+  st->spec_tokens.assign(plan.seqs.size(), {});
+  st->spec_snapshot.assign(plan.seqs.size(), {});
+  st->spec_carry.assign(plan.seqs.size(), {});
+  for (size_t qi = 0; qi < plan.seqs.size(); ++qi) {
+    const ScheduledSeq& q = plan.seqs[qi];
     const SeqState* ss = sched.Get(q.id);
     BackendSeq b;
     if (q.restore_prefix > 0) {
@@ -487,6 +522,22 @@ void BuildShardStep(Engine::Impl& m, int shard, ShardStep* st, int64_t pad_seqs_
         b.token_types = st->image_types.back().data();
         b.embeds = st->image_embeds.back().data();
       }
+    }
+    if (q.num_draft > 0) {
+      // Speculative verification: every row gives logits; the fixed state it
+      // overwrites is saved for the rollback of rejected drafts.
+      DI_CHECK(local && q.sample && !q.fresh_slot);
+      std::vector<int32_t>& toks = st->spec_tokens[qi];
+      toks.assign(1, ss->token_ids[static_cast<size_t>(q.start)]);
+      toks.insert(toks.end(), q.draft.begin(), q.draft.end());
+      b.tokens = toks.data();
+      b.all_logits = true;
+      SnapshotFixedState(b.state, q.start, q.len, &st->spec_snapshot[qi]);
+      const StateKindGeometry& carry = m.pool->geometry().of(StateKind::kCompressorCarry);
+      int64_t floats = 0;
+      for (const auto& r : carry.regions) floats += q.len * r.row_bytes / 4;
+      st->spec_carry[qi].assign(static_cast<size_t>(floats), 0.0f);
+      if (floats > 0) b.carry_capture = st->spec_carry[qi].data();
     }
     st->seqs.push_back(b);
     if (q.start < ss->num_prompt_tokens)
@@ -542,33 +593,98 @@ void FinishShardStep(Engine::Impl& m, Scheduler& sched, ShardStep& st, std::vect
       row_error[i] = std::string("structured output: ") + e.what();
     }
   }
-  // Sample every row that wants a token.
-  std::vector<const SamplingState*> states;
-  std::vector<size_t> rows;
+  // Sample every row that wants a token. A speculative chunk samples each of
+  // its rows j with the request's state as if drafts 0 .. j−1 had been
+  // accepted (output position + j, the same draw as without speculation).
+  struct RowTask {
+    size_t seq;
+    int64_t row;   // logits row
+    int64_t draft; // index of the draft row within its chunk (0 = the last real token's row)
+  };
+  std::vector<RowTask> tasks;
+  std::vector<std::vector<SamplingState>> spec_states(plan.seqs.size());
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    if (!plan.seqs[i].sample || row_error[i]) continue;
-    states.push_back(m.requests.at(plan.seqs[i].id)->sampling.get());
-    rows.push_back(i);
+    const ScheduledSeq& q = plan.seqs[i];
+    if (!q.sample || row_error[i]) continue;
+    if (q.num_draft == 0) {
+      const int64_t row = st.row0[i] + (seqs[i].all_logits ? seqs[i].len - 1 : 0);
+      tasks.push_back({i, row, 0});
+      continue;
+    }
+    const SamplingState& base = *m.requests.at(q.id)->sampling;
+    spec_states[i].reserve(static_cast<size_t>(q.num_draft + 1));
+    spec_states[i].push_back(base);
+    for (int64_t j = 0; j <= q.num_draft; ++j) {
+      if (j > 0) {
+        spec_states[i].push_back(spec_states[i].back());
+        spec_states[i].back().Accept(q.draft[static_cast<size_t>(j - 1)]);
+      }
+      tasks.push_back({i, st.row0[i] + j, j});
+    }
+  }
+  std::vector<const SamplingState*> states;
+  for (const RowTask& t : tasks) {
+    const ScheduledSeq& q = plan.seqs[t.seq];
+    states.push_back(q.num_draft > 0 ? &spec_states[t.seq][static_cast<size_t>(t.draft)]
+                                     : m.requests.at(q.id)->sampling.get());
   }
   std::vector<SampleOutcome> outcomes;
   if (!states.empty()) {
-    if (!st.any_all_logits) {
-      // One logits row per sampling seq, in plan order.
+    bool contiguous = !st.any_all_logits;  // one logits row per sampling seq, in plan order
+    if (contiguous) {
+      for (size_t k = 0; k < tasks.size(); ++k) contiguous &= tasks[k].row == static_cast<int64_t>(k);
+    }
+    if (contiguous) {
       outcomes = m.sampler->SampleBatch(logits.data(), vocab, states);
     } else {
-      // Prompt rows are interleaved: gather each sampling seq's last row.
-      m.sample_rows.resize(rows.size() * static_cast<size_t>(vocab));
-      for (size_t k = 0; k < rows.size(); ++k) {
-        const size_t i = rows[k];
-        const int64_t row = st.row0[i] + (seqs[i].all_logits ? seqs[i].len - 1 : 0);
-        std::copy_n(logits.data() + row * vocab, vocab, m.sample_rows.data() + k * vocab);
-      }
+      m.sample_rows.resize(tasks.size() * static_cast<size_t>(vocab));
+      for (size_t k = 0; k < tasks.size(); ++k)
+        std::copy_n(logits.data() + tasks[k].row * vocab, vocab, m.sample_rows.data() + k * vocab);
       outcomes = m.sampler->SampleBatch(m.sample_rows.data(), vocab, states);
     }
   }
-  for (size_t k = 0; k < rows.size(); ++k) {
-    if (outcomes[k].ok()) sampled[rows[k]] = outcomes[k].result.token_id;
-    else row_error[rows[k]] = outcomes[k].error->what();
+  // Per seq: the tokens it produced (speculative: accepted drafts left to
+  // right while they equal the row's sampled token, then that row's token)
+  // and the outcome of each (for logprobs).
+  std::vector<std::vector<int32_t>> produced(plan.seqs.size());
+  std::vector<std::vector<size_t>> produced_outcome(plan.seqs.size());
+  for (size_t k = 0; k < tasks.size();) {
+    const size_t i = tasks[k].seq;
+    const ScheduledSeq& q = plan.seqs[i];
+    size_t end = k;
+    while (end < tasks.size() && tasks[end].seq == i) ++end;
+    for (size_t t = k; t < end; ++t) {
+      if (!outcomes[t].ok()) {  // a row that is reached and fails fails the request
+        row_error[i] = outcomes[t].error->what();
+        break;
+      }
+      const int32_t tok = outcomes[t].result.token_id;
+      produced[i].push_back(tok);
+      produced_outcome[i].push_back(t);
+      const int64_t j = tasks[t].draft;
+      if (j >= q.num_draft || tok != q.draft[static_cast<size_t>(j)]) break;
+    }
+    if (!row_error[i]) {
+      sampled[i] = produced[i].back();
+      const SeqState* ss = sched.Get(q.id);
+      // Never past max_tokens (the engine caps the drafts; this only guards).
+      const int64_t room = ss->max_tokens - ss->num_output_tokens();
+      if (static_cast<int64_t>(produced[i].size()) > room) {
+        produced[i].resize(static_cast<size_t>(std::max<int64_t>(room, 1)));
+        produced_outcome[i].resize(produced[i].size());
+      }
+      if (q.num_draft > 0) {
+        const int64_t acc = static_cast<int64_t>(produced[i].size()) - 1;
+        ++m.stats.spec_num_drafts;
+        m.stats.spec_num_draft_tokens += q.num_draft;
+        m.stats.spec_num_accepted_tokens += acc;
+        for (int64_t j = 0; j < acc; ++j) ++m.stats.spec_num_accepted_tokens_per_pos[static_cast<size_t>(j)];
+      }
+    } else {
+      produced[i].clear();
+      produced_outcome[i].clear();
+    }
+    k = end;
   }
   // Failed rows: finish those requests only (before Update, so no token is appended).
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
@@ -577,7 +693,21 @@ void FinishShardStep(Engine::Impl& m, Scheduler& sched, ShardStep& st, std::vect
     sched.Finish(r.id, SeqFinishReason::kError);
     m.FinishRecord(r, "error", *row_error[i]);
   }
-  sched.Update(plan, sampled);
+  sched.UpdateTokens(plan, produced);
+  // Rollback of rejected drafts: the fixed state as if only the kept
+  // positions had been fed (paged rows of rejected positions are never read).
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& q = plan.seqs[i];
+    if (q.num_draft == 0 || row_error[i]) continue;
+    const SeqState* ss = sched.Get(q.id);
+    if (!ss || ss->status != RequestStatus::kRunning) continue;
+    const int64_t end = q.start + static_cast<int64_t>(produced[i].size());
+    if (end == q.start + q.len) continue;  // everything accepted: the state is already right
+    const int64_t nlook = std::min<int64_t>(end, 16);
+    RollbackFixedState(seqs[i].state, st.spec_snapshot[i], end,
+                       st.spec_carry[i].empty() ? nullptr : st.spec_carry[i].data(),
+                       ss->token_ids.data() + end - nlook, nlook);
+  }
   // prompt_logprobs complete: report them once, now (again in the finished output).
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     if (row_error[i]) continue;
@@ -587,49 +717,76 @@ void FinishShardStep(Engine::Impl& m, Scheduler& sched, ShardStep& st, std::vect
     r.prompt_logprobs_emitted = true;
   }
   const auto now = Clock::now();
-  for (size_t k = 0; k < rows.size(); ++k) {
-    const size_t i = rows[k];
-    if (row_error[i]) continue;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    if (row_error[i] || produced[i].empty()) continue;
     RequestRecord& r = *m.requests.at(plan.seqs[i].id);
-    if (r.finished) continue;
-    const int32_t tok = sampled[i];
-    r.sampling->Accept(tok);
-    if (r.matcher && !r.matcher->AcceptToken(tok)) {
-      sched.Finish(r.id, SeqFinishReason::kError);
-      m.FinishRecord(r, "error", fmt::format("structured output: token {} does not continue the constraint", tok));
-      continue;
-    }
-    r.output_ids.push_back(tok);
-    ++m.stats.generation_tokens_total;
-    if (!r.first_token) r.first_token = now;
-    RequestOutput& o = m.Pending(r);
-    o.new_token_ids.push_back(tok);
-    if (outcomes[k].result.logprobs) {
-      o.new_logprobs.push_back(*outcomes[k].result.logprobs);
-      r.logprobs.push_back(*outcomes[k].result.logprobs);
-    }
     const SeqState* ss = sched.Get(r.id);
-    const TokenStop ts = CheckTokenStop(r.params, m.eos_ids, tok, static_cast<int64_t>(r.output_ids.size()),
-                                        static_cast<int64_t>(ss->token_ids.size()), m.args.max_model_len);
-    // Text: the stop token itself (EOS or a stop_token_ids entry) is not shown.
-    if (r.detok && ts.reason != FinishReason::kStop) {
-      StopUpdate up = r.stop->Append(r.detok->Push(tok), static_cast<int64_t>(r.output_ids.size()));
-      m.EmitText(r, up.text);
-      if (up.stopped) {
-        r.stop_reason = r.params.stop[up.stop_index];
+    const size_t n_new = produced[i].size();
+    for (size_t j = 0; j < n_new; ++j) {
+      if (r.finished) break;
+      const int32_t tok = produced[i][j];
+      const SampleOutcome& outcome = outcomes[produced_outcome[i][j]];
+      const bool last = j + 1 == n_new;
+      r.sampling->Accept(tok);
+      if (r.matcher && !r.matcher->AcceptToken(tok)) {
+        sched.Finish(r.id, SeqFinishReason::kError);
+        m.FinishRecord(r, "error", fmt::format("structured output: token {} does not continue the constraint", tok));
+        break;
+      }
+      r.output_ids.push_back(tok);
+      ++m.stats.generation_tokens_total;
+      if (!r.first_token) r.first_token = now;
+      RequestOutput& o = m.Pending(r);
+      o.new_token_ids.push_back(tok);
+      if (outcome.result.logprobs) {
+        o.new_logprobs.push_back(*outcome.result.logprobs);
+        r.logprobs.push_back(*outcome.result.logprobs);
+      }
+      // The sequence length as it was after this token (later accepted tokens are in token_ids already).
+      const int64_t seq_len = static_cast<int64_t>(ss->token_ids.size()) - static_cast<int64_t>(n_new - 1 - j);
+      const TokenStop ts = CheckTokenStop(r.params, m.eos_ids, tok, static_cast<int64_t>(r.output_ids.size()), seq_len,
+                                          m.args.max_model_len);
+      // Text: the stop token itself (EOS or a stop_token_ids entry) is not shown.
+      if (r.detok && ts.reason != FinishReason::kStop) {
+        StopUpdate up = r.stop->Append(r.detok->Push(tok), static_cast<int64_t>(r.output_ids.size()));
+        m.EmitText(r, up.text);
+        if (up.stopped) {
+          r.stop_reason = r.params.stop[up.stop_index];
+          sched.Finish(r.id, SeqFinishReason::kStop);
+          m.FinishRecord(r, "stop");
+          break;
+        }
+      }
+      if (ts.reason == FinishReason::kStop) {
+        if (ts.stop_token_id) r.stop_reason = static_cast<int64_t>(*ts.stop_token_id);
         sched.Finish(r.id, SeqFinishReason::kStop);
         m.FinishRecord(r, "stop");
-        continue;
+      } else if (ts.reason == FinishReason::kLength || (last && ss->status == RequestStatus::kFinished)) {
+        sched.Finish(r.id, SeqFinishReason::kLength);
+        m.FinishRecord(r, "length");
       }
     }
-    if (ts.reason == FinishReason::kStop) {
-      if (ts.stop_token_id) r.stop_reason = static_cast<int64_t>(*ts.stop_token_id);
-      sched.Finish(r.id, SeqFinishReason::kStop);
-      m.FinishRecord(r, "stop");
-    } else if (ts.reason == FinishReason::kLength || ss->status == RequestStatus::kFinished) {
-      sched.Finish(r.id, SeqFinishReason::kLength);
-      m.FinishRecord(r, "length");
+  }
+}
+
+// Speculative decoding: drafts for every running request about to decode
+// (not structured-output requests, whose rows need their own masks), capped
+// so that the accepted tokens never pass max_tokens.
+void ProposeDrafts(Engine::Impl& m, Scheduler& sched) {
+  for (const auto& [id, r] : m.requests) {
+    if (r->finished || r->matcher) continue;
+    const SeqState* ss = sched.Get(id);
+    if (!ss || ss->status != RequestStatus::kRunning ||
+        static_cast<int64_t>(ss->token_ids.size()) - ss->num_computed_tokens != 1)
+      continue;
+    const int64_t room = std::min<int64_t>(m.spec.num_speculative_tokens, ss->max_tokens - ss->num_output_tokens() - 1);
+    std::vector<int32_t> draft;
+    if (room >= 1) {
+      DraftProposal p = m.proposer->Propose(ss->token_ids, static_cast<int>(room));
+      draft = std::move(p.ids);
+      if (static_cast<int64_t>(draft.size()) > room) draft.resize(static_cast<size_t>(room));
     }
+    sched.SetSpecTokens(id, std::move(draft));
   }
 }
 
@@ -655,6 +812,7 @@ std::vector<RequestOutput> Engine::Step() {
     }
     std::vector<ShardStep> steps(static_cast<size_t>(D));
     bool any_work = false;
+    if (m.proposer) ProposeDrafts(m, *m.shards[0].scheduler);  // D == 1 (checked at Open)
     for (int i = 0; i < D; ++i) {
       steps[i].plan = m.shards[i].scheduler->Schedule(allow_prefill);
       m.stats.num_preemptions += static_cast<int64_t>(steps[i].plan.preempted.size());

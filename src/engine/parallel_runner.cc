@@ -58,9 +58,8 @@ void CheckParallelArgs(const EngineArgs& args, int world_size) {
            "--cp {} with --ep {} is not supported: expert parallelism with --cp runs on the same ranks (--ep 1 or "
            "--ep {})",
            cp, ep, cp);
-    // TODO(--speculative-config): refuse --cp with speculative decoding here,
-    // naming both flags, once that flag exists (the draft steps are not
-    // context-parallel).
+    // --speculative-config with --cp is refused when the engine opens
+    // (engine.cc: the draft and rollback steps are not context-parallel).
   }
   if (ep < 1) Fail(ErrorKind::kInvalidArgument, "--ep must be >= 1, got {}", ep);
   if (dp < 1) Fail(ErrorKind::kInvalidArgument, "--dp must be >= 1, got {}", dp);

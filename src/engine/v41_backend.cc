@@ -72,6 +72,7 @@ class V41Backend : public ModelBackend {
   // Prefix caching is off with --cp: its window history is paged, and a hit
   // would rebuild the ring from rows stored on other ranks.
   bool supports_prefix_caching() const override { return CpSize(args_) == 1; }
+  bool supports_speculative_rollback() const override { return CpSize(args_) == 1; }
   int context_parallel_size() const override { return CpSize(args_); }
   StateGeometry CachingGeometry(int64_t block_size) const override { return model_->geometry(block_size, true); }
   int data_parallel_size() const override { return args_.data_parallel_size; }
@@ -123,6 +124,7 @@ class V41Backend : public ModelBackend {
       f.start_pos = s.start_pos;
       f.state = s.state;
       f.logits = LogitsMode(s.all_logits, s.want_logits);
+      f.carry_capture = s.carry_capture;
       batch.seqs.push_back(f);
     }
     if (comm_) {

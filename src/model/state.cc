@@ -114,6 +114,72 @@ void RestoreFixedState(const SequenceStateView& view, int64_t prefix_len, const 
   }
 }
 
+void SnapshotFixedState(const SequenceStateView& view, int64_t start, int64_t len, FixedStateSnapshot* snap) {
+  const StateGeometry& g = *view.geometry;
+  snap->start = start;
+  snap->len = len;
+  const StateKindGeometry& win = g.of(StateKind::kWindow);
+  snap->window.clear();
+  for (size_t ri = 0; ri < win.regions.size(); ++ri) {
+    const StateRegionGeometry& w = win.regions[ri];
+    if (len > w.rows_per_block)
+      Fail(ErrorKind::kInternal, "SnapshotFixedState: chunk of {} rows exceeds the window ring of {}", len,
+           w.rows_per_block);
+    for (int64_t p = start; p < start + len; ++p) {
+      const uint8_t* r = view.Row(StateKind::kWindow, static_cast<int>(ri), p % w.rows_per_block);
+      snap->window.insert(snap->window.end(), r, r + w.row_bytes);
+    }
+  }
+  const StateKindGeometry& carry = g.of(StateKind::kCompressorCarry);
+  snap->carry.clear();
+  for (size_t ri = 0; ri < carry.regions.size(); ++ri) {
+    const uint8_t* r = view.Row(StateKind::kCompressorCarry, static_cast<int>(ri), 0);
+    snap->carry.insert(snap->carry.end(), r, r + carry.regions[ri].block_bytes());
+  }
+}
+
+void RollbackFixedState(const SequenceStateView& view, const FixedStateSnapshot& snap, int64_t end,
+                        const float* carry_capture, const int32_t* lookback_tokens, int64_t num_lookback_tokens) {
+  const StateGeometry& g = *view.geometry;
+  const int64_t start = snap.start, len = snap.len;
+  DI_CHECK(end > start && end <= start + len);
+  const StateKindGeometry& win = g.of(StateKind::kWindow);
+  int64_t off = 0;
+  for (size_t ri = 0; ri < win.regions.size(); ++ri) {
+    const StateRegionGeometry& w = win.regions[ri];
+    for (int64_t p = start; p < start + len; ++p, off += w.row_bytes)
+      if (p >= end)
+        std::memcpy(view.Row(StateKind::kWindow, static_cast<int>(ri), p % w.rows_per_block),
+                    snap.window.data() + off, static_cast<size_t>(w.row_bytes));
+  }
+  const StateKindGeometry& carry = g.of(StateKind::kCompressorCarry);
+  off = 0;
+  for (size_t ri = 0; ri < carry.regions.size(); ++ri) {
+    const StateRegionGeometry& c = carry.regions[ri];
+    const int64_t r = c.rows_per_block + 1;  // the layer's compress ratio
+    std::memcpy(view.Row(StateKind::kCompressorCarry, static_cast<int>(ri), 0), snap.carry.data() + off,
+                static_cast<size_t>(c.block_bytes()));
+    off += c.block_bytes();
+    DI_CHECK(carry_capture != nullptr);
+    for (int64_t p = (end / r) * r; p < end; ++p) {
+      if (p < start) continue;  // was in the carry before the chunk
+      const float* src = carry_capture + (static_cast<int64_t>(ri) * len + (p - start)) * (c.row_bytes / 4);
+      std::memcpy(view.Row(StateKind::kCompressorCarry, static_cast<int>(ri), p % r), src,
+                  static_cast<size_t>(c.row_bytes));
+    }
+  }
+  const StateKindGeometry& eng = g.of(StateKind::kEngram);
+  if (!eng.regions.empty()) {
+    const int64_t L = eng.regions[0].rows_per_block;
+    int32_t* st = reinterpret_cast<int32_t*>(view.Row(StateKind::kEngram, 0, 0));
+    for (int64_t i = 0; i < L; ++i) {
+      const int64_t back = L - i;
+      const int32_t v = back <= num_lookback_tokens ? lookback_tokens[num_lookback_tokens - back] : -1;
+      std::memcpy(st + i, &v, sizeof(v));
+    }
+  }
+}
+
 DenseStateArena::DenseStateArena(const StateGeometry& geometry, int num_slots, int64_t num_blocks)
     : geometry_(geometry), memory_(static_cast<int>(StateKind::kCount)) {
   if (num_slots < 0 || num_blocks < 0)

@@ -173,6 +173,33 @@ struct SequenceStateView {
 void RestoreFixedState(const SequenceStateView& view, int64_t prefix_len, const int32_t* lookback_tokens,
                        int64_t num_lookback_tokens);
 
+// Speculative decoding rollback (docs/speculative.md). A verification chunk
+// writes positions [start, start + len) of a sequence, of which only
+// [start, end) are kept (start < end <= start + len). Paged kinds need no
+// rollback: the rows of the rejected positions are never read (a row reads
+// compressed positions below its own) and are overwritten when those
+// positions are computed for real. The fixed kinds are put back as if the
+// chunk had been [start, end):
+//  - window ring: the rows the rejected positions overwrote, from a snapshot
+//    taken before the forward (SnapshotFixedState; requires len <= window);
+//  - compressor carry: the snapshot, then the (a, g) of the kept open group's
+//    rows from the forward's capture (ForwardSeq::carry_capture, layout
+//    [carry region][len][2·head_dim] FP32);
+//  - Engram look-back: the raw ids of the positions before `end`
+//    (`lookback_tokens`, oldest first, as RestoreFixedState).
+struct FixedStateSnapshot {
+  int64_t start = 0, len = 0;
+  std::vector<uint8_t> window;  // [window region][len] rows of positions start .. start+len-1's ring slots
+  std::vector<uint8_t> carry;   // [carry region] the whole slot rows
+};
+// Copies what a chunk [start, start+len) will overwrite in the fixed kinds.
+// Throws Error(kInternal) if len exceeds the window ring.
+void SnapshotFixedState(const SequenceStateView& view, int64_t start, int64_t len, FixedStateSnapshot* snap);
+// Rolls the fixed kinds back to `end` (see above). carry_capture may be null
+// only when the geometry has no compressor carry.
+void RollbackFixedState(const SequenceStateView& view, const FixedStateSnapshot& snap, int64_t end,
+                        const float* carry_capture, const int32_t* lookback_tokens, int64_t num_lookback_tokens);
+
 // Simple owner of state memory for tests and the single-sequence CLI path:
 // `num_slots` fixed slots and `num_blocks` paged blocks per kind, all zeroed.
 class DenseStateArena {

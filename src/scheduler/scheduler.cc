@@ -122,6 +122,7 @@ void Scheduler::Preempt(SeqState& s) {
   FreeResources(s);
   s.num_computed_tokens = 0;
   s.num_published = 0;
+  s.spec_token_ids.clear();
   s.status = RequestStatus::kWaiting;
   ++s.num_preemptions;
   running_.erase(std::remove(running_.begin(), running_.end(), s.id), running_.end());
@@ -169,8 +170,17 @@ StepPlan Scheduler::Schedule(bool allow_prefill) {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     SeqState& s = Mut(running_[i]);
     const int64_t total = static_cast<int64_t>(s.token_ids.size());
-    const int64_t len = std::min(total - s.num_computed_tokens, budget);
+    int64_t len = std::min(total - s.num_computed_tokens, budget);
     if (len <= 0) { ++i; continue; }
+    // Speculative decoding: a decode with drafts feeds them too (budget permitting).
+    std::vector<int32_t> draft;
+    draft.swap(s.spec_token_ids);
+    if (total - s.num_computed_tokens == 1 && !draft.empty()) {
+      draft.resize(static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(draft.size()), budget - 1)));
+      len = 1 + static_cast<int64_t>(draft.size());
+    } else {
+      draft.clear();
+    }
     if (!allow_prefill && total - s.num_computed_tokens > config_.prompt_as_decode_max_tokens) { ++i; continue; }
     const int64_t extra = BlocksFor(s.num_computed_tokens + len) - static_cast<int64_t>(s.block_table.size());
     bool self_preempted = false;
@@ -193,7 +203,9 @@ StepPlan Scheduler::Schedule(bool allow_prefill) {
     q.id = s.id;
     q.start = s.num_computed_tokens;
     q.len = len;
-    q.sample = s.num_computed_tokens + len == total;
+    q.sample = s.num_computed_tokens + len - static_cast<int64_t>(draft.size()) == total;
+    q.num_draft = static_cast<int64_t>(draft.size());
+    q.draft = std::move(draft);
     plan.seqs.push_back(q);
     budget -= len;
     ++i;
@@ -269,16 +281,55 @@ StepPlan Scheduler::Schedule(bool allow_prefill) {
   return plan;
 }
 
+void Scheduler::SetSpecTokens(uint64_t id, std::vector<int32_t> draft) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  SeqState& s = *it->second;
+  if (s.status != RequestStatus::kRunning ||
+      static_cast<int64_t>(s.token_ids.size()) - s.num_computed_tokens != 1)
+    return;
+  s.spec_token_ids = std::move(draft);
+}
+
 void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled) {
   if (sampled.size() != plan.seqs.size())
     Fail(ErrorKind::kInternal, "Update: {} sampled tokens for {} planned sequences", sampled.size(), plan.seqs.size());
+  std::vector<std::vector<int32_t>> tokens(plan.seqs.size());
+  for (size_t i = 0; i < plan.seqs.size(); ++i)
+    if (plan.seqs[i].sample) tokens[i].push_back(sampled[i]);
+  UpdateTokens(plan, tokens);
+}
+
+void Scheduler::UpdateTokens(const StepPlan& plan, const std::vector<std::vector<int32_t>>& tokens) {
+  if (tokens.size() != plan.seqs.size())
+    Fail(ErrorKind::kInternal, "Update: {} token lists for {} planned sequences", tokens.size(), plan.seqs.size());
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const ScheduledSeq& q = plan.seqs[i];
     auto it = seqs_.find(q.id);
     if (it == seqs_.end()) continue;
     SeqState& s = *it->second;
     if (s.status != RequestStatus::kRunning) continue;  // finished/aborted meanwhile
-    s.num_computed_tokens = q.start + q.len;
+    const int64_t n_new = static_cast<int64_t>(tokens[i].size());
+    if (q.num_draft > 0) {
+      if (n_new < 1 || n_new > q.num_draft + 1)
+        Fail(ErrorKind::kInternal, "Update: request {} produced {} tokens from {} drafts", q.id, n_new, q.num_draft);
+      // Positions of rejected drafts are not computed; their blocks go back.
+      s.num_computed_tokens = q.start + n_new;
+      const int64_t keep = std::max<int64_t>(BlocksFor(s.num_computed_tokens), s.num_published);
+      if (static_cast<int64_t>(s.block_table.size()) > keep) {
+        std::vector<int32_t> extra(s.block_table.begin() + keep, s.block_table.end());
+        blocks_.Free(extra);
+        s.block_table.resize(static_cast<size_t>(keep));
+      }
+    } else {
+      s.num_computed_tokens = q.start + q.len;
+    }
+    // The new tokens first (accepted drafts are computed positions: publishing needs their ids).
+    if (q.sample)
+      for (int32_t t : tokens[i]) {
+        if (s.num_output_tokens() >= s.max_tokens) break;
+        s.token_ids.push_back(t);
+      }
     // Blocks the forward just completed are final: publish them for sharing.
     if (s.cacheable) {
       const int64_t bs = config_.block_size;
@@ -291,7 +342,6 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled
       }
     }
     if (!q.sample) continue;
-    s.token_ids.push_back(sampled[i]);
     if (s.num_output_tokens() >= s.max_tokens) Finish(s.id, SeqFinishReason::kLength);
   }
 }

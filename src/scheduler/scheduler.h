@@ -79,6 +79,10 @@ struct SeqState {
   std::vector<ImageKey> image_keys;   // image spans of the prompt (their content enters the keys)
   int64_t num_published = 0;          // leading blocks of block_table that are published (or were hits)
   int64_t num_cached_tokens = 0;      // tokens taken from the cache at the last admission
+  // Speculative decoding (docs/speculative.md): draft ids for the positions
+  // after token_ids.back(), set by the engine before Schedule(); consumed
+  // (cleared) by the next Schedule().
+  std::vector<int32_t> spec_token_ids;
   int64_t num_output_tokens() const { return static_cast<int64_t>(token_ids.size()) - num_prompt_tokens; }
 };
 
@@ -92,6 +96,11 @@ struct ScheduledSeq {
   // Prefix-cache hit: positions [0, restore_prefix) are in shared blocks
   // (start == restore_prefix); the fixed state is rebuilt from them first.
   int64_t restore_prefix = 0;
+  // Speculative decoding: the chunk is [last token, drafts...] with
+  // num_draft = len - 1 drafts (positions start+1 ...); the drafts are in
+  // `draft`. Every row samples (sample is true).
+  int64_t num_draft = 0;
+  std::vector<int32_t> draft;
 };
 
 struct StepPlan {
@@ -133,6 +142,18 @@ class Scheduler {
   // their resources. Requests that should stop for other reasons (EOS, stop
   // strings) are finished by the caller with Finish().
   void Update(const StepPlan& plan, const std::vector<int32_t>& sampled);
+  // The general form (speculative decoding; Update is UpdateTokens with 0 or
+  // 1 token per seq): `tokens[i]` are the tokens plan.seqs[i] produced
+  // (empty: none; a chunk with drafts: the accepted drafts then the token
+  // sampled after them, 1 .. num_draft + 1 tokens). A
+  // sequence with drafts keeps start + tokens[i].size() computed positions
+  // (the rejected drafts' positions are not computed) and gives back the
+  // blocks grown for them. Tokens past max_tokens are dropped.
+  void UpdateTokens(const StepPlan& plan, const std::vector<std::vector<int32_t>>& tokens);
+  // Speculative decoding: drafts for the next Schedule() of a running request
+  // whose only uncomputed token is its last (a decode). Ignored otherwise.
+  // Schedule() feeds as many as the token budget allows.
+  void SetSpecTokens(uint64_t id, std::vector<int32_t> draft);
   void Finish(uint64_t id, SeqFinishReason reason);
 
   const SeqState* Get(uint64_t id) const;

@@ -127,6 +127,23 @@ std::string ServerMetrics::Render(const EngineStats& s, const std::string& model
           static_cast<double>(s.prefix_cache_hits));
   gauge("deepinfer_prefix_cache_blocks", "Published prefix-cache blocks (shared or evictable).",
         static_cast<double>(s.num_cached_blocks));
+  if (s.spec_num_speculative_tokens > 0) {
+    // Speculative decoding (vLLM's spec_decode_* counters; docs/speculative.md).
+    counter("deepinfer_spec_decode_num_drafts_total", "Verification chunks with at least one draft token.",
+            static_cast<double>(s.spec_num_drafts));
+    counter("deepinfer_spec_decode_num_draft_tokens_total", "Draft tokens verified.",
+            static_cast<double>(s.spec_num_draft_tokens));
+    counter("deepinfer_spec_decode_num_accepted_tokens_total", "Draft tokens accepted.",
+            static_cast<double>(s.spec_num_accepted_tokens));
+    Header("deepinfer_spec_decode_num_accepted_tokens_per_pos_total", "Draft tokens accepted at each draft position.",
+           "counter", &out);
+    for (size_t i = 0; i < s.spec_num_accepted_tokens_per_pos.size(); ++i)
+      Sample("deepinfer_spec_decode_num_accepted_tokens_per_pos_total",
+             WithLabels(labels, "position=\"" + std::to_string(i) + "\""),
+             static_cast<double>(s.spec_num_accepted_tokens_per_pos[i]), &out);
+    gauge("deepinfer_spec_decode_mean_accepted_length",
+          "Mean tokens produced per verification chunk: 1 + accepted / drafts.", s.spec_mean_accepted_length());
+  }
   std::lock_guard<std::mutex> lock(mu_);
   Header("deepinfer_request_success_total", "Finished requests by finish reason.", "counter", &out);
   static const char* kReasons[4] = {"stop", "length", "abort", "error"};

@@ -8,6 +8,7 @@
 # Uses $DEEPINFER_TINY_DIR when it holds a checkpoint, else makes one with make-tiny.
 # DEEPINFER_SERVE_LAUNCH (e.g. "mpirun --oversubscribe -np 2") and DEEPINFER_SERVE_ARGS
 # (e.g. "--ep 2") run the same suite against a parallel job (tests/cli/server_mpi.sh).
+# DEEPINFER_E2E_TEST_PATTERN runs only the tests whose names match (node --test-name-pattern).
 set -euo pipefail
 BIN=$(realpath "$1")
 SRC=$(realpath "$2")
@@ -56,7 +57,7 @@ done
 
 set +e
 DEEPINFER_URL="http://127.0.0.1:$PORT" DEEPINFER_API_KEY="$API_KEY" DEEPINFER_NPM_DIR="$NPM_DIR" \
-  timeout 800 node --test --test-reporter=spec "${TESTS[@]}"
+  timeout 800 node --test --test-reporter=spec ${DEEPINFER_E2E_TEST_PATTERN:+"--test-name-pattern=$DEEPINFER_E2E_TEST_PATTERN"} "${TESTS[@]}"
 rc=$?
 set -e
 if [ $rc -ne 0 ]; then

@@ -653,7 +653,7 @@ test(`a table of ${BAD.length} bad requests, then the server still answers corre
 });
 
 test('/metrics parses as Prometheus text with the expected families', async () => {
-  const m = await metrics();
+  let m = await metrics();
   const expect = {
     'deepinfer_num_requests_running': 'gauge',
     'deepinfer_num_requests_waiting': 'gauge',
@@ -690,6 +690,24 @@ test('/metrics parses as Prometheus text with the expected families', async () =
     assert.equal(buckets.at(-1)[1], count, `${h}: +Inf bucket == count`);
     assert.ok(count > 0, `${h}: observed`);
     assert.ok(m.samples.get(`deepinfer_${h}_sum${L}`) > 0);
+  }
+  // A server run with --speculative-config (tests/cli/server_spec.sh sets DEEPINFER_EXPECT_SPEC=1):
+  // the spec_decode families are there and drafts were verified and accepted.
+  if (process.env.DEEPINFER_EXPECT_SPEC === '1') {
+    // The tiny model's text never repeats: logit_bias confines it to 3 ids, so n-gram drafts get accepted.
+    const bias = { 1000: 100, 5000: 100, 20000: 100 };
+    const a = await client.completions.create({ model: 'tiny', prompt: 'one two one two', max_tokens: 24, temperature: 0, logit_bias: bias });
+    const b = await client.completions.create({ model: 'tiny', prompt: 'one two one two', max_tokens: 24, temperature: 0, logit_bias: bias, stream: false });
+    assert.equal(a.choices[0].text, b.choices[0].text);
+    m = await metrics();
+    for (const name of ['deepinfer_spec_decode_num_drafts_total', 'deepinfer_spec_decode_num_draft_tokens_total',
+      'deepinfer_spec_decode_num_accepted_tokens_total', 'deepinfer_spec_decode_num_accepted_tokens_per_pos_total']) {
+      assert.equal(m.types.get(name), 'counter', name);
+    }
+    assert.equal(m.types.get('deepinfer_spec_decode_mean_accepted_length'), 'gauge');
+    assert.ok(m.samples.get(`deepinfer_spec_decode_num_drafts_total${L}`) > 0, 'drafts verified');
+    assert.ok(m.samples.get(`deepinfer_spec_decode_num_accepted_tokens_total${L}`) > 0, 'drafts accepted');
+    assert.ok(m.samples.get('deepinfer_spec_decode_num_accepted_tokens_per_pos_total{model_name="tiny",position="0"}') > 0);
   }
   // Every request so far finished (stop, length or abort); errors none.
   assert.equal(m.samples.get('deepinfer_request_success_total{model_name="tiny",finished_reason="error"}'), 0);

@@ -817,6 +817,14 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
       lat.insert(lat.end(), row.begin(), row.end());
       js.push_back(j);
     }
+    if (float* cap = b_.seqs[s].carry_capture) {
+      const int region = St(s).geometry->of(StateKind::kCompressorCarry).RegionOf(l);
+      float* dst = cap + static_cast<int64_t>(region) * qi.T * 2 * D;
+      for (int64_t i = 0; i < qi.T; ++i) {
+        std::memcpy(dst + i * 2 * D, a.data() + i * D, D * sizeof(float));
+        std::memcpy(dst + i * 2 * D + D, g.data() + i * D, D * sizeof(float));
+      }
+    }
     // Carry the incomplete group's rows (FP32 a, g) to the next call.
     const int64_t end = qi.start + qi.T;
     for (int64_t p = (end / r) * r; p < end; ++p) {

@@ -102,6 +102,12 @@ struct ForwardSeq {
   const int8_t* token_types = nullptr;
   const float* embeds = nullptr;
   enum class Logits { kNone, kLast, kAll } logits = Logits::kLast;
+  // Optional (speculative decoding, docs/speculative.md): receives the FP32
+  // compressor inputs (a, g) of EVERY row for each ratio-2 KV-source layer,
+  // laid out [carry region (StateKind::kCompressorCarry order)][len][2·head_dim]
+  // — the values the carry would hold had the chunk ended after that row, so
+  // the caller can roll the carry back to any row without recomputing.
+  float* carry_capture = nullptr;
 };
 
 struct ForwardBatch {
