@@ -14,6 +14,7 @@ APT_PACKAGES=(
   libopenmpi-dev openmpi-bin  # MPI scale-out (docs/parallel.md)
   nodejs python3 python3-numpy
   gnuplot-nox  # PNG plots of `deepinfer bench`
+  clang  # libFuzzer builds of fuzz/ (scripts/fuzz.sh)
   prometheus  # promtool: tests/server checks /metrics with `promtool check metrics`
 )
 missing=()

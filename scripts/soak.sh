@@ -159,12 +159,22 @@ time.sleep(1)
 for k in stats: stats[k] = 0
 errors.clear()
 rss0 = rss_kb()
+print(f"soak: warm-up done, RSS {rss0} kB", flush=True)
 # A few stalled connections that never finish their request line.
 stalled = []
 for _ in range(50):
     c = socket.create_connection(("127.0.0.1", port)); c.sendall(b"POST /v1/comp"); stalled.append(c)
 t0 = time.time()
-with ThreadPoolExecutor(conc) as ex: list(ex.map(one, range(total)))
+rss_trace = []  # (requests done, RSS kB): a leak grows with the count, warm-up levels off
+done = [0]
+def one_traced(i):
+    one(i)
+    with lock:
+        done[0] += 1
+        if done[0] % max(1, total // 10) == 0:
+            rss_trace.append((done[0], rss_kb()))
+            print(f"soak: {done[0]} done, RSS {rss_trace[-1][1]} kB", flush=True)
+with ThreadPoolExecutor(conc) as ex: list(ex.map(one_traced, range(total)))
 elapsed = time.time() - t0
 for c in stalled: c.close()
 # Everything back?
@@ -178,10 +188,12 @@ time.sleep(1)
 rss1 = rss_kb()
 growth = (rss1 - rss0) / rss0 * 100
 aborts = m['deepinfer_request_success_total{model_name="tiny",finished_reason="abort"}']
+
 print(f"soak: {total} requests in {elapsed:.1f} s, {conc} concurrent: ok {stats['ok']}, cancelled {stats['cancelled']} "
       f"(engine aborts so far {aborts:.0f}), slow clients {stats['slow']}, errors {stats['errors']}, lost {stats['lost']}")
 print(f"soak: KV blocks used after {used:.0f}, running {running:.0f}; RSS {rss0} kB after warm-up -> {rss1} kB "
       f"({growth:+.2f}%)")
+print("soak: RSS trace (requests: kB): " + ", ".join(f"{n}: {r}" for n, r in rss_trace))
 for e in errors[:5]: print("soak: error:", e)
 ok = stats["errors"] == 0 and stats["lost"] == 0 and used == 0 and running == 0 and growth < 1.0 \
      and stats["ok"] + stats["cancelled"] == total
