@@ -26,6 +26,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/cpu_ops.h"
+
 namespace deepinfer::v4 {
 
 // FP8 E4M3 weight [out, in] with UE8M0 scales [ceil(out/128), in/128].
@@ -52,6 +54,20 @@ void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, float* y);
 void LinearFp8Ref(const float* x, int64_t M, const Fp8Weight& w, float* y);
 void LinearFp4Ref(const float* x, int64_t M, const Fp4Weight& w, float* y);
 
+// An FP8 weight with its load-time repacked copy (kernels/cpu PackFp8 layout,
+// 128-wide blocks) for the Highway linear (ops_hwy.cc). `fast` is false when
+// in % 128 != 0 or a weight code is NaN; then the calls take LinearFp8(src).
+struct PackedFp8Weight {
+  Fp8Weight src;
+  cpu::PackedFp8 packed;
+  bool fast = false;
+};
+PackedFp8Weight PackFp8Weight(const Fp8Weight& w);
+// As LinearFp8(x, M, w.src, y), bit-identical (v4_ops_test): one double lane
+// per output row, exact block partials, the reference's FP32 block steps;
+// output tiles in parallel (OpenMP) when M·out·in >= 2^20.
+void LinearFp8(const float* x, int64_t M, const PackedFp8Weight& w, float* y);
+
 // Correctly rounded FP32 exp (double exp, one rounding).
 float Exp32(float x);
 
@@ -70,7 +86,20 @@ void HcMixes(const float* X, int64_t M, int hc, int64_t d, const float* fn, cons
              float norm_eps, int sinkhorn_iters, float hc_eps, float* pre, float* post, float* comb);
 
 // fast_hadamard_transform of one BF16 row of n (power of two) values, ×scale, BF16, in place.
+// HadamardRef is the scalar oracle; Hadamard the Highway form (ops_hwy.cc),
+// bit-identical to it (the scalar one when n is not a multiple of the vector width).
 void Hadamard(float* x, int64_t n, float scale);
+void HadamardRef(float* x, int64_t n, float scale);
+
+// C4 indexer scores of one query row (model.py Indexer.forward with the
+// golden port's order): q [nh, D] and keys [n, D] FP32 (BF16 values), w [nh];
+// score[j] = bf16(Σ_h bf16(max(bf16(Σ_c q[h,c]·keys[j,c]), 0)·w[h])) for
+// j < n, every sum sequential in FP32 from +0 in increasing c resp. h.
+// IndexerScoresRef is the scalar oracle; IndexerScores the Highway form
+// (one lane per key), bit-identical to it.
+void IndexerScores(const float* q, const float* w, int nh, int64_t D, const float* keys, int64_t n, float* score);
+void IndexerScoresRef(const float* q, const float* w, int nh, int64_t D, const float* keys, int64_t n,
+                      float* score);
 
 // Sum of n floats in torch's order for a reduction over a non-innermost
 // dimension (vectorized_outer_sum → multi_row_sum: a cascade of sequential
