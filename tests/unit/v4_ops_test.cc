@@ -77,7 +77,7 @@ std::vector<float> MixedBf16(std::mt19937& rng, int64_t n) {
   return v;
 }
 
-TEST(V4Ops, PackedFp8LinearBitIdenticalToOracle) {
+TEST(V4Ops, PackedBlockLinearsBitIdenticalToOracles) {
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> byte(0, 255), sc(110, 130);
   ForEachTarget([&] {
@@ -100,6 +100,27 @@ TEST(V4Ops, PackedFp8LinearBitIdenticalToOracle) {
           LinearFp8(x.data(), M, p8, a.data());
           LinearFp8Ref(x.data(), M, f8, b.data());
           ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "M " << M << " N " << N << " K " << K;
+        }
+      }
+    }
+  });
+  // FP4 (routed experts): E2M1 nibbles, per row and 32 columns UE8M0 scales.
+  ForEachTarget([&] {
+    for (int64_t M : {1, 2, 5}) {
+      for (int64_t N : {64, 100, 512}) {
+        for (int64_t K : {128, 512}) {
+          std::vector<float> x = MixedBf16(rng, M * K);
+          for (int64_t k = 0; k < 128; ++k) x[k] = 0.0f;
+          std::vector<uint8_t> w4(N * K / 2), s4(N * K / 32);
+          for (auto& b : w4) b = static_cast<uint8_t>(byte(rng));
+          for (auto& b : s4) b = static_cast<uint8_t>(sc(rng));
+          const Fp4Weight f4{w4.data(), s4.data(), N, K};
+          const PackedFp4Weight p4 = PackFp4Weight(f4);
+          ASSERT_TRUE(p4.fast);
+          std::vector<float> a(M * N, -1.0f), b(M * N, -2.0f);
+          LinearFp4(x.data(), M, p4, a.data());
+          LinearFp4Ref(x.data(), M, f4, b.data());
+          ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "FP4 M " << M << " N " << N << " K " << K;
         }
       }
     }

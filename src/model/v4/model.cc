@@ -57,7 +57,7 @@ struct FfnW {
   Bf16 gate;
   std::vector<float> bias;       // learned routing
   std::vector<int32_t> tid2eid;  // hash routing [vocab, topk]
-  std::vector<Fp4Weight> w1, w2, w3;
+  std::vector<PackedFp4Weight> w1, w2, w3;
   PackedFp8Weight s1, s2, s3;
 };
 
@@ -211,9 +211,9 @@ BlockW BindBlock(Binder& b, const std::string& pre, int l, const ModelConfig& c)
   const int64_t I = c.moe_inter_dim;
   for (int e = 0; e < E; ++e) {
     const std::string x = f + "experts." + std::to_string(e) + ".";
-    F.w1.push_back(b.Fp4(x + "w1", I, d));
-    F.w2.push_back(b.Fp4(x + "w2", d, I));
-    F.w3.push_back(b.Fp4(x + "w3", I, d));
+    F.w1.push_back(PackFp4Weight(b.Fp4(x + "w1", I, d)));
+    F.w2.push_back(PackFp4Weight(b.Fp4(x + "w2", d, I)));
+    F.w3.push_back(PackFp4Weight(b.Fp4(x + "w3", I, d)));
   }
   F.s1 = b.Fp8P(f + "shared_experts.w1", I, d);
   F.s2 = b.Fp8P(f + "shared_experts.w2", d, I);

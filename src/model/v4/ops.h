@@ -67,6 +67,16 @@ PackedFp8Weight PackFp8Weight(const Fp8Weight& w);
 // per output row, exact block partials, the reference's FP32 block steps;
 // output tiles in parallel (OpenMP) when M·out·in >= 2^20.
 void LinearFp8(const float* x, int64_t M, const PackedFp8Weight& w, float* y);
+// The same for FP4 (kernels/cpu PackFp4 layout): `fast` is false when
+// in % 128 != 0 or a scale byte is 0x00 / 0xFF; LinearFp4 on it is
+// bit-identical to LinearFp4(x, M, w.src, y).
+struct PackedFp4Weight {
+  Fp4Weight src;
+  cpu::PackedFp4 packed;
+  bool fast = false;
+};
+PackedFp4Weight PackFp4Weight(const Fp4Weight& w);
+void LinearFp4(const float* x, int64_t M, const PackedFp4Weight& w, float* y);
 
 // Correctly rounded FP32 exp (double exp, one rounding).
 float Exp32(float x);

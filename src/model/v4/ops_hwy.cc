@@ -16,6 +16,7 @@
 //     operands of kernels/cpu (q·2^119, w·2^-120) are exact in double, so the
 //     partial is exactly half the reference's; ×2 (exact), one rounding to
 //     FP32, then acc = acc + partial·(s_a·s_w) in FP32 as the reference.
+//   * FP4 linear: the same with E2M1 weights (see Fp4MicroD).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "model/v4/ops_hwy.cc"
 #include "kernels/cpu/hwy_targets.h"
@@ -181,6 +182,76 @@ void LinearFp8Tiles(const float* q, const float* sa, int64_t M, int64_t K, int64
   }
 }
 
+// FP4 linear (routed experts), tiles [t0, t1): the E2M1 nibble's three
+// magnitude bits placed at FP32 bits 24..22 (and its sign at 31) give the
+// value × 2^-126 exactly (code 1 becomes the subnormal 2^-127 = 0.5·2^-126);
+// times q·2^119 the products are q·w·2^-7, exact in double, as is every group
+// partial; ×2^7 (exact), one rounding to FP32, then the reference's
+// acc = acc + (partial·s_a)·s_w per 32-column group.
+template <int MT>
+HWY_INLINE void Fp4MicroD(const float* q, const float* sa, int64_t K, const uint8_t* wt, const uint8_t* st,
+                          int64_t roff, float* acc /*[MT][kRows]*/) {
+  const DD dd;
+  const hn::Rebind<float, DD> dfh;
+  const hn::Rebind<uint32_t, DD> du;
+  const int64_t groups = K / 32, nkb = K / 128;
+  const uint32_t* w32 = reinterpret_cast<const uint32_t*>(wt);
+  const auto mag_mask = hn::Set(du, 0x01C00000u), sign_mask = hn::Set(du, 0x80000000u);
+  for (int64_t g = 0; g < groups; ++g) {
+    VD part[MT][kV];
+    for (int m = 0; m < MT; ++m)
+      for (int v = 0; v < kV; ++v) part[m][v] = hn::Zero(dd);
+    for (int64_t k8 = g * 32; k8 < g * 32 + 32; k8 += 8) {
+      const uint32_t* wj = w32 + (k8 / 8) * cpu::kTileRows + roff;
+      HWY_UNROLL(8)
+      for (int v = 0; v < kV; ++v) {
+        auto code = hn::LoadU(du, wj + v * kDL);
+        HWY_UNROLL(8)
+        for (int i = 0; i < 8; ++i) {
+          const auto bits = hn::Or(hn::And(hn::ShiftLeft<22>(code), mag_mask), hn::And(hn::ShiftLeft<28>(code), sign_mask));
+          const VD wv = hn::PromoteTo(dd, hn::BitCast(dfh, bits));
+          HWY_UNROLL(4)
+          for (int m = 0; m < MT; ++m)
+            part[m][v] = hn::Add(part[m][v], hn::Mul(hn::Set(dd, static_cast<double>(q[m * K + k8 + i])), wv));
+          code = hn::ShiftRight<4>(code);
+        }
+      }
+    }
+    const uint8_t* sg = st + g * cpu::kTileRows + roff;
+    for (int m = 0; m < MT; ++m) {
+      const float s_a = sa[m * nkb + g / 4] * 0.5f;  // sa is 2·s_a
+      HWY_ALIGN double pd[kRows];
+      const VD up = hn::Set(dd, 128.0);
+      for (int v = 0; v < kV; ++v) hn::Store(hn::Mul(part[m][v], up), dd, pd + v * kDL);
+      float* am = acc + m * kRows;
+      for (int64_t r = 0; r < kRows; ++r) am[r] = am[r] + static_cast<float>(pd[r]) * s_a * E8M0ToFloat(sg[r]);
+    }
+  }
+}
+
+void LinearFp4Tiles(const float* q, const float* sa, int64_t M, int64_t K, int64_t N, const uint8_t* w,
+                    const uint8_t* s, int64_t t0, int64_t t1, float* y) {
+  constexpr int kMT = kDL >= 8 ? 2 : 1;
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint8_t* wt = w + t * (K / 2) * cpu::kTileRows;
+    const uint8_t* st = s + t * (K / 32) * cpu::kTileRows;
+    for (int64_t roff = 0; roff < cpu::kTileRows && t * cpu::kTileRows + roff < N; roff += kRows) {
+      const int64_t n0 = t * cpu::kTileRows + roff, nr = std::min<int64_t>(kRows, N - n0);
+      for (int64_t m0 = 0; m0 < M; m0 += kMT) {
+        HWY_ALIGN float acc[kMT * kRows] = {};
+        const int mt = static_cast<int>(std::min<int64_t>(kMT, M - m0));
+        if (mt == kMT) {
+          Fp4MicroD<kMT>(q + m0 * K, sa + m0 * (K / 128), K, wt, st, roff, acc);
+        } else {
+          Fp4MicroD<1>(q + m0 * K, sa + m0 * (K / 128), K, wt, st, roff, acc);
+        }
+        for (int m = 0; m < mt; ++m)
+          for (int64_t r = 0; r < nr; ++r) y[(m0 + m) * N + n0 + r] = RoundBf16(acc[m * kRows + r]);
+      }
+    }
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace deepinfer::v4
 HWY_AFTER_NAMESPACE();
@@ -190,6 +261,7 @@ namespace deepinfer::v4 {
 HWY_EXPORT(HadamardV);
 HWY_EXPORT(IndexerScoresV);
 HWY_EXPORT(LinearFp8Tiles);
+HWY_EXPORT(LinearFp4Tiles);
 
 void Hadamard(float* x, int64_t n, float scale) {
   if (!HWY_DYNAMIC_DISPATCH(HadamardV)(x, n, scale)) HadamardRef(x, n, scale);
@@ -230,6 +302,38 @@ void LinearFp8(const float* x, int64_t M, const PackedFp8Weight& w, float* y) {
   }
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tiles; ++t) fn(qp, sp, M, K, N, wp, wsp, t, t + 1, y);
+}
+
+PackedFp4Weight PackFp4Weight(const Fp4Weight& w) {
+  PackedFp4Weight p;
+  p.src = w;
+  if (w.in % 128 == 0) p.packed = cpu::PackFp4(ref::Fp4Weight{w.w, w.scale, w.out, w.in});
+  p.fast = w.in % 128 == 0 && !p.packed.use_ref;
+  return p;
+}
+
+void LinearFp4(const float* x, int64_t M, const PackedFp4Weight& w, float* y) {
+  if (M <= 0) return;
+  if (!w.fast) {
+    LinearFp4(x, M, w.src, y);
+    return;
+  }
+  const int64_t K = w.src.in, N = w.src.out, tiles = w.packed.tiles;
+  thread_local std::vector<float> q, sa;
+  if (static_cast<int64_t>(q.size()) < M * K) q.resize(M * K);
+  if (static_cast<int64_t>(sa.size()) < M * (K / 128)) sa.resize(M * (K / 128));
+  cpu::QuantizeActRows(x, M, K, 128, q.data(), sa.data());
+  const float* qp = q.data();
+  const float* sp = sa.data();
+  const uint8_t* wp = w.packed.w.get();
+  const uint8_t* ssp = w.packed.s.get();
+  const auto fn = HWY_DYNAMIC_DISPATCH(LinearFp4Tiles);
+  if (M * N * K < (int64_t{1} << 20) || tiles < 2) {
+    fn(qp, sp, M, K, N, wp, ssp, 0, tiles, y);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) fn(qp, sp, M, K, N, wp, ssp, t, t + 1, y);
 }
 
 }  // namespace deepinfer::v4
