@@ -188,6 +188,13 @@ void LinearFp8Tiles(const float* q, const float* sa, int64_t M, int64_t K, int64
 // times q·2^119 the products are q·w·2^-7, exact in double, as is every group
 // partial; ×2^7 (exact), one rounding to FP32, then the reference's
 // acc = acc + (partial·s_a)·s_w per 32-column group.
+struct E8M0Table {
+  float v[256];
+  E8M0Table() {
+    for (int b = 0; b < 256; ++b) v[b] = E8M0ToFloat(static_cast<uint8_t>(b));
+  }
+};
+
 template <int MT>
 HWY_INLINE void Fp4MicroD(const float* q, const float* sa, int64_t K, const uint8_t* wt, const uint8_t* st,
                           int64_t roff, float* acc /*[MT][kRows]*/) {
@@ -196,6 +203,7 @@ HWY_INLINE void Fp4MicroD(const float* q, const float* sa, int64_t K, const uint
   const hn::Rebind<uint32_t, DD> du;
   const int64_t groups = K / 32, nkb = K / 128;
   const uint32_t* w32 = reinterpret_cast<const uint32_t*>(wt);
+  static const E8M0Table e8m0;
   const auto mag_mask = hn::Set(du, 0x01C00000u), sign_mask = hn::Set(du, 0x80000000u);
   for (int64_t g = 0; g < groups; ++g) {
     VD part[MT][kV];
@@ -224,7 +232,7 @@ HWY_INLINE void Fp4MicroD(const float* q, const float* sa, int64_t K, const uint
       const VD up = hn::Set(dd, 128.0);
       for (int v = 0; v < kV; ++v) hn::Store(hn::Mul(part[m][v], up), dd, pd + v * kDL);
       float* am = acc + m * kRows;
-      for (int64_t r = 0; r < kRows; ++r) am[r] = am[r] + static_cast<float>(pd[r]) * s_a * E8M0ToFloat(sg[r]);
+      for (int64_t r = 0; r < kRows; ++r) am[r] = am[r] + static_cast<float>(pd[r]) * s_a * e8m0.v[sg[r]];
     }
   }
 }
