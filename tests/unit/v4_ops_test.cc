@@ -224,6 +224,31 @@ TEST(V4Ops, StableTopKBreaksTiesByIndex) {
   EXPECT_EQ(idx[3], 4);
 }
 
+TEST(V4Ops, FastSparseAttentionBitIdenticalToScalar) {
+  std::mt19937 rng(13);
+  ForEachTarget([&] {
+    for (int H : {1, 4}) {
+      for (int64_t D : {64, 512}) {
+        for (int64_t n : {1, 40, 64, 130, 300}) {
+          const std::vector<float> q = MixedBf16(rng, H * D);
+          std::vector<std::vector<uint16_t>> kv(n, std::vector<uint16_t>(D));
+          for (auto& r : kv) {
+            const std::vector<float> v = RandomBf16(rng, D, 1.0f);
+            for (int64_t c = 0; c < D; ++c) r[c] = FloatToBf16(v[c]);
+          }
+          std::vector<const uint16_t*> rows(n);
+          for (int64_t i = 0; i < n; ++i) rows[i] = i % 7 == 3 ? nullptr : kv[i].data();  // some absent
+          const std::vector<float> sink = MixedBf16(rng, H);
+          std::vector<float> a(H * D, 1.0f), b(H * D, 2.0f);
+          SparseAttention(q.data(), H, D, rows.data(), n, sink.data(), 0.0441941738f, a.data());
+          SparseAttentionRef(q.data(), H, D, rows.data(), n, sink.data(), 0.0441941738f, b.data());
+          ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "H " << H << " D " << D << " n " << n;
+        }
+      }
+    }
+  });
+}
+
 TEST(V4Ops, SparseAttentionAbsentEntriesAndChunks) {
   std::mt19937 rng(11);
   const int H = 2;

@@ -184,8 +184,8 @@ void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, float* y) {
 
 float Exp32(float x) { return static_cast<float>(std::exp(static_cast<double>(x))); }
 
-void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* rows, int64_t list_len,
-                     const float* sink, float softmax_scale, float* out) {
+void SparseAttentionRef(const float* q, int H, int64_t D, const uint16_t* const* rows, int64_t list_len,
+                        const float* sink, float softmax_scale, float* out) {
   constexpr int64_t kChunk = 64;
   const float ninf = -std::numeric_limits<float>::infinity();
   std::vector<double> kv(kChunk * D);

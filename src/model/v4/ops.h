@@ -86,6 +86,12 @@ float Exp32(float x);
 // null; chunks of 64 in list order. sink [H] FP32. out [H, D] BF16.
 void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* rows, int64_t list_len,
                      const float* sink, float softmax_scale, float* out);
+// The scalar oracle of SparseAttention; SparseAttention (ops_hwy.cc) is
+// bit-identical to it: each chunk's rows decoded once for all heads, the q·k
+// dots one double lane per candidate (increasing c), P·V one lane per column
+// c (candidates in list order), the softmax steps as here.
+void SparseAttentionRef(const float* q, int H, int64_t D, const uint16_t* const* rows, int64_t list_len,
+                        const float* sink, float softmax_scale, float* out);
 
 // mHC mixes of one site for M rows (model.py hc_pre + hc_split_sinkhorn):
 // X [M, hc, d] BF16 values; ρ = 1/sqrt(mean(f²) + norm_eps) over the hc·d values

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -182,6 +183,87 @@ void LinearFp8Tiles(const float* q, const float* sa, int64_t M, int64_t K, int64
   }
 }
 
+// Sparse attention (SparseAttentionRef's arithmetic): per chunk of 64
+// candidates the rows are decoded once to double in both layouts ([t][c] for
+// P·V, [c][t] for the dots); per head the dots run one lane per candidate in
+// increasing c, the softmax steps are the scalar code, P·V runs one lane per c
+// over the valid candidates in list order. Returns false when D is not a
+// multiple of the double vector width.
+bool SparseAttentionV(const float* q, int H, int64_t D, const uint16_t* const* rows, int64_t list_len,
+                      const float* sink, float softmax_scale, float* out) {
+  constexpr int64_t kChunk = 64;
+  constexpr int64_t kNV = kChunk / static_cast<int64_t>(kDL);
+  constexpr int64_t kG = kNV < 8 ? kNV : 8;  // dot vectors held at once
+  const DD dd;
+  const hn::Rebind<float, DD> dfh;
+  if (D % static_cast<int64_t>(kDL) != 0) return false;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  auto kv = hwy::AllocateAligned<double>(static_cast<size_t>(kChunk * D));
+  auto kvt = hwy::AllocateAligned<double>(static_cast<size_t>(kChunk * D));
+  auto acc_o = hwy::AllocateAligned<float>(static_cast<size_t>(H * D));
+  std::fill(acc_o.get(), acc_o.get() + H * D, 0.0f);
+  std::vector<float> sum_exp(H, 0.0f), mx(H, ninf);
+  HWY_ALIGN double dot[kChunk];
+  float acc_s[kChunk], p[kChunk];
+  double pb[kChunk];
+  bool valid[kChunk];
+  for (int64_t c0 = 0; c0 < list_len; c0 += kChunk) {
+    for (int64_t t = 0; t < kChunk; ++t) {
+      const int64_t i = c0 + t;
+      valid[t] = i < list_len && rows[i] != nullptr;
+      for (int64_t c = 0; c < D; ++c) {
+        const double v = valid[t] ? static_cast<double>(Bf16ToFloat(rows[i][c])) : 0.0;
+        kv[t * D + c] = v;
+        kvt[c * kChunk + t] = v;
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      const float* qh = q + h * D;
+      for (int64_t g0 = 0; g0 < kNV; g0 += kG) {
+        VD acc[kG];
+        for (int64_t v = 0; v < kG; ++v) acc[v] = hn::Zero(dd);
+        const double* kc = kvt.get() + g0 * kDL;
+        for (int64_t c = 0; c < D; ++c, kc += kChunk) {
+          const VD qc = hn::Set(dd, static_cast<double>(qh[c]));
+          HWY_UNROLL(8)
+          for (int64_t v = 0; v < kG; ++v) acc[v] = hn::Add(acc[v], hn::Mul(qc, hn::Load(dd, kc + v * kDL)));
+        }
+        for (int64_t v = 0; v < kG; ++v) hn::Store(acc[v], dd, dot + (g0 + v) * kDL);
+      }
+      float cmax = ninf;
+      for (int64_t t = 0; t < kChunk; ++t) {
+        acc_s[t] = valid[t] ? static_cast<float>(dot[t]) * softmax_scale : ninf;
+        if (valid[t]) cmax = std::max(cmax, acc_s[t]);
+      }
+      const float prev = mx[h];
+      mx[h] = std::max(prev, cmax);
+      const float m = mx[h];
+      const float sc = Exp32(prev - m);
+      double psum = 0.0;
+      for (int64_t t = 0; t < kChunk; ++t) {
+        p[t] = Exp32(acc_s[t] - m);
+        psum += p[t];
+        pb[t] = static_cast<double>(RoundBf16(p[t]));
+      }
+      sum_exp[h] = sum_exp[h] * sc + static_cast<float>(psum);
+      float* ao = acc_o.get() + h * D;
+      const auto scv = hn::Set(dfh, sc);
+      for (int64_t c = 0; c < D; c += static_cast<int64_t>(kDL)) {
+        VD pv = hn::Zero(dd);
+        for (int64_t t = 0; t < kChunk; ++t)
+          if (valid[t]) pv = hn::Add(pv, hn::Mul(hn::Set(dd, pb[t]), hn::Load(dd, kv.get() + t * D + c)));
+        const auto a = hn::Mul(hn::LoadU(dfh, ao + c), scv);
+        hn::StoreU(hn::Add(a, hn::DemoteTo(dfh, pv)), dfh, ao + c);
+      }
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    const float se = sum_exp[h] + Exp32(sink[h] - mx[h]);
+    for (int64_t c = 0; c < D; ++c) out[h * D + c] = RoundBf16(acc_o[h * D + c] / se);
+  }
+  return true;
+}
+
 // FP4 linear (routed experts), tiles [t0, t1): the E2M1 nibble's three
 // magnitude bits placed at FP32 bits 24..22 (and its sign at 31) give the
 // value × 2^-126 exactly (code 1 becomes the subnormal 2^-127 = 0.5·2^-126);
@@ -270,6 +352,13 @@ HWY_EXPORT(HadamardV);
 HWY_EXPORT(IndexerScoresV);
 HWY_EXPORT(LinearFp8Tiles);
 HWY_EXPORT(LinearFp4Tiles);
+HWY_EXPORT(SparseAttentionV);
+
+void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* rows, int64_t list_len,
+                     const float* sink, float softmax_scale, float* out) {
+  if (!HWY_DYNAMIC_DISPATCH(SparseAttentionV)(q, H, D, rows, list_len, sink, softmax_scale, out))
+    SparseAttentionRef(q, H, D, rows, list_len, sink, softmax_scale, out);
+}
 
 void Hadamard(float* x, int64_t n, float scale) {
   if (!HWY_DYNAMIC_DISPATCH(HadamardV)(x, n, scale)) HadamardRef(x, n, scale);
