@@ -16,7 +16,7 @@
 //     operands of kernels/cpu (q·2^119, w·2^-120) are exact in double, so the
 //     partial is exactly half the reference's; ×2 (exact), one rounding to
 //     FP32, then acc = acc + partial·(s_a·s_w) in FP32 as the reference.
-//   * FP4 linear: the same with E2M1 weights (see Fp4MicroD).
+//   * FP4 linear: exact integer group partials (see Fp4MicroI).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "model/v4/ops_hwy.cc"
 #include "kernels/cpu/hwy_targets.h"
@@ -25,6 +25,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -264,12 +265,29 @@ bool SparseAttentionV(const float* q, int H, int64_t D, const uint16_t* const* r
   return true;
 }
 
-// FP4 linear (routed experts), tiles [t0, t1): the E2M1 nibble's three
-// magnitude bits placed at FP32 bits 24..22 (and its sign at 31) give the
-// value × 2^-126 exactly (code 1 becomes the subnormal 2^-127 = 0.5·2^-126);
-// times q·2^119 the products are q·w·2^-7, exact in double, as is every group
-// partial; ×2^7 (exact), one rounding to FP32, then the reference's
-// acc = acc + (partial·s_a)·s_w per 32-column group.
+// FP4 linear (routed experts), tiles [t0, t1), in exact integer arithmetic:
+// w·2 is an integer in {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12} and q·2^9 an integer
+// below 2^18 (E4M3's quantum is 2^-9), so a 32-column group partial ×2^10 is
+// an int32 sum (|Σ| < 2^27) of int32 products, exact in any order; it is
+// rounded to FP32 once (int → float), ×2^-10 (exact), and the block step is
+// the reference's acc = acc + (partial·s_a)·s_w. One int32 lane per output row.
+using DI = hn::ScalableTag<int32_t>;
+using VI = hn::Vec<DI>;
+constexpr size_t kIL = hn::MaxLanes(DI());
+constexpr int kIV = static_cast<int>(64 / kIL > 4 ? 4 : 64 / kIL);  // int vectors per micro column
+constexpr int64_t kIRows = kIV * static_cast<int64_t>(kIL);
+HWY_ALIGN static constexpr int32_t kE2M1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// Nibble codes in bits 3..0 of each lane (higher bits ignored) → 2·E2M1 value.
+HWY_INLINE VI E2M1x2(VI code) {
+  const DI di;
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  return VI{_mm512_permutexvar_epi32(code.raw, hn::Load(di, kE2M1x2).raw)};  // reads index bits 3..0
+#else
+  return hn::GatherIndex(di, kE2M1x2, hn::And(code, hn::Set(di, 15)));
+#endif
+}
+
 struct E8M0Table {
   float v[256];
   E8M0Table() {
@@ -278,31 +296,26 @@ struct E8M0Table {
 };
 
 template <int MT>
-HWY_INLINE void Fp4MicroD(const float* q, const float* sa, int64_t K, const uint8_t* wt, const uint8_t* st,
-                          int64_t roff, float* acc /*[MT][kRows]*/) {
-  const DD dd;
-  const hn::Rebind<float, DD> dfh;
-  const hn::Rebind<uint32_t, DD> du;
+HWY_INLINE void Fp4MicroI(const int32_t* q, const float* sa, int64_t K, const uint8_t* wt, const uint8_t* st,
+                          int64_t roff, float* acc /*[MT][kIRows]*/) {
+  const DI di;
   const int64_t groups = K / 32, nkb = K / 128;
-  const uint32_t* w32 = reinterpret_cast<const uint32_t*>(wt);
+  const int32_t* w32 = reinterpret_cast<const int32_t*>(wt);
   static const E8M0Table e8m0;
-  const auto mag_mask = hn::Set(du, 0x01C00000u), sign_mask = hn::Set(du, 0x80000000u);
   for (int64_t g = 0; g < groups; ++g) {
-    VD part[MT][kV];
+    VI part[MT][kIV];
     for (int m = 0; m < MT; ++m)
-      for (int v = 0; v < kV; ++v) part[m][v] = hn::Zero(dd);
+      for (int v = 0; v < kIV; ++v) part[m][v] = hn::Zero(di);
     for (int64_t k8 = g * 32; k8 < g * 32 + 32; k8 += 8) {
-      const uint32_t* wj = w32 + (k8 / 8) * cpu::kTileRows + roff;
-      HWY_UNROLL(8)
-      for (int v = 0; v < kV; ++v) {
-        auto code = hn::LoadU(du, wj + v * kDL);
+      const int32_t* wj = w32 + (k8 / 8) * cpu::kTileRows + roff;
+      HWY_UNROLL(4)
+      for (int v = 0; v < kIV; ++v) {
+        VI code = hn::LoadU(di, wj + v * kIL);
         HWY_UNROLL(8)
         for (int i = 0; i < 8; ++i) {
-          const auto bits = hn::Or(hn::And(hn::ShiftLeft<22>(code), mag_mask), hn::And(hn::ShiftLeft<28>(code), sign_mask));
-          const VD wv = hn::PromoteTo(dd, hn::BitCast(dfh, bits));
+          const VI wv = E2M1x2(code);
           HWY_UNROLL(4)
-          for (int m = 0; m < MT; ++m)
-            part[m][v] = hn::Add(part[m][v], hn::Mul(hn::Set(dd, static_cast<double>(q[m * K + k8 + i])), wv));
+          for (int m = 0; m < MT; ++m) part[m][v] = hn::Add(part[m][v], hn::Mul(hn::Set(di, q[m * K + k8 + i]), wv));
           code = hn::ShiftRight<4>(code);
         }
       }
@@ -310,33 +323,36 @@ HWY_INLINE void Fp4MicroD(const float* q, const float* sa, int64_t K, const uint
     const uint8_t* sg = st + g * cpu::kTileRows + roff;
     for (int m = 0; m < MT; ++m) {
       const float s_a = sa[m * nkb + g / 4] * 0.5f;  // sa is 2·s_a
-      HWY_ALIGN double pd[kRows];
-      const VD up = hn::Set(dd, 128.0);
-      for (int v = 0; v < kV; ++v) hn::Store(hn::Mul(part[m][v], up), dd, pd + v * kDL);
-      float* am = acc + m * kRows;
-      for (int64_t r = 0; r < kRows; ++r) am[r] = am[r] + static_cast<float>(pd[r]) * s_a * e8m0.v[sg[r]];
+      HWY_ALIGN int32_t ps[kIRows];
+      for (int v = 0; v < kIV; ++v) hn::Store(part[m][v], di, ps + v * kIL);
+      float* am = acc + m * kIRows;
+      for (int64_t r = 0; r < kIRows; ++r) {
+        const float pf = static_cast<float>(ps[r]) * 0x1p-10f;
+        am[r] = am[r] + pf * s_a * e8m0.v[sg[r]];
+      }
     }
   }
 }
 
-void LinearFp4Tiles(const float* q, const float* sa, int64_t M, int64_t K, int64_t N, const uint8_t* w,
+void LinearFp4Tiles(const int32_t* q, const float* sa, int64_t M, int64_t K, int64_t N, const uint8_t* w,
                     const uint8_t* s, int64_t t0, int64_t t1, float* y) {
-  constexpr int kMT = kDL >= 8 ? 2 : 1;
+  constexpr int kMT = kIL >= 8 ? 4 : 1;
   for (int64_t t = t0; t < t1; ++t) {
     const uint8_t* wt = w + t * (K / 2) * cpu::kTileRows;
     const uint8_t* st = s + t * (K / 32) * cpu::kTileRows;
-    for (int64_t roff = 0; roff < cpu::kTileRows && t * cpu::kTileRows + roff < N; roff += kRows) {
-      const int64_t n0 = t * cpu::kTileRows + roff, nr = std::min<int64_t>(kRows, N - n0);
+    for (int64_t roff = 0; roff < cpu::kTileRows && t * cpu::kTileRows + roff < N; roff += kIRows) {
+      const int64_t n0 = t * cpu::kTileRows + roff, nr = std::min<int64_t>(kIRows, N - n0);
       for (int64_t m0 = 0; m0 < M; m0 += kMT) {
-        HWY_ALIGN float acc[kMT * kRows] = {};
+        HWY_ALIGN float acc[kMT * kIRows] = {};
         const int mt = static_cast<int>(std::min<int64_t>(kMT, M - m0));
         if (mt == kMT) {
-          Fp4MicroD<kMT>(q + m0 * K, sa + m0 * (K / 128), K, wt, st, roff, acc);
+          Fp4MicroI<kMT>(q + m0 * K, sa + m0 * (K / 128), K, wt, st, roff, acc);
         } else {
-          Fp4MicroD<1>(q + m0 * K, sa + m0 * (K / 128), K, wt, st, roff, acc);
+          for (int m = 0; m < mt; ++m)
+            Fp4MicroI<1>(q + (m0 + m) * K, sa + (m0 + m) * (K / 128), K, wt, st, roff, acc + m * kIRows);
         }
         for (int m = 0; m < mt; ++m)
-          for (int64_t r = 0; r < nr; ++r) y[(m0 + m) * N + n0 + r] = RoundBf16(acc[m * kRows + r]);
+          for (int64_t r = 0; r < nr; ++r) y[(m0 + m) * N + n0 + r] = RoundBf16(acc[m * kIRows + r]);
       }
     }
   }
@@ -417,10 +433,20 @@ void LinearFp4(const float* x, int64_t M, const PackedFp4Weight& w, float* y) {
   }
   const int64_t K = w.src.in, N = w.src.out, tiles = w.packed.tiles;
   thread_local std::vector<float> q, sa;
-  if (static_cast<int64_t>(q.size()) < M * K) q.resize(M * K);
+  thread_local std::vector<int32_t> qi;
+  if (static_cast<int64_t>(q.size()) < M * K) q.resize(M * K), qi.resize(M * K);
   if (static_cast<int64_t>(sa.size()) < M * (K / 128)) sa.resize(M * (K / 128));
   cpu::QuantizeActRows(x, M, K, 128, q.data(), sa.data());
-  const float* qp = q.data();
+  // q = E4M3 value × 2^119 → the integer value × 2^9; a NaN / Inf row takes the double path.
+  for (int64_t i = 0; i < M * K; ++i) {
+    const float v = q[i] * 0x1p-110f;
+    if (!(std::fabs(v) <= 0x1p20f)) {
+      LinearFp4(x, M, w.src, y);
+      return;
+    }
+    qi[i] = static_cast<int32_t>(v);
+  }
+  const int32_t* qp = qi.data();
   const float* sp = sa.data();
   const uint8_t* wp = w.packed.w.get();
   const uint8_t* ssp = w.packed.s.get();
