@@ -2,7 +2,10 @@
 // to their scalar oracles on random activations and weights (several M, K up
 // to 1024, all-zero and tiny blocks, extreme codes), the Hadamard butterfly
 // against the Sylvester matrix (exact on integer inputs), the torch outer-sum
-// cascade order, the stable top-k tie rule and the sparse attention's chunking.
+// cascade order, the stable top-k tie rule and the sparse attention's chunking;
+// the Highway forms (ops_hwy.cc: packed FP8 / FP4 linears, Hadamard, indexer
+// scoring, sparse attention) bit for bit against the scalar oracles on every
+// dispatch target this CPU has, over several sizes.
 #include "model/v4/ops.h"
 
 #include <cmath>

@@ -1,5 +1,7 @@
-// deepinfer/model/v4/ops.h — scalar reference operators of the DeepSeek-V4
-// (`deepseek_v4`) forward pass that differ from V4.1's (kernels/ref/ref_ops.h).
+// deepinfer/model/v4/ops.h — the operators of the DeepSeek-V4 (`deepseek_v4`)
+// forward pass that differ from V4.1's (kernels/ref/ref_ops.h): scalar
+// reference forms (ops.cc, the *Ref functions and the others) and the
+// Highway forms bit-identical to them (ops_hwy.cc).
 //
 // The V4 golden vectors (shared golden README_V4.md) come from DeepSeek's V4
 // model.py with a CPU port of its tilelang kernels; the kernels' semantics are
