@@ -2,7 +2,10 @@
 // to their scalar oracles on random activations and weights (several M, K up
 // to 1024, all-zero and tiny blocks, extreme codes), the Hadamard butterfly
 // against the Sylvester matrix (exact on integer inputs), the torch outer-sum
-// cascade order, the stable top-k tie rule and the sparse attention's chunking.
+// cascade order, the stable top-k tie rule and the sparse attention's chunking;
+// the Highway forms (ops_hwy.cc: packed FP8 / FP4 linears, Hadamard, indexer
+// scoring, sparse attention) bit for bit against the scalar oracles on every
+// dispatch target this CPU has, over several sizes.
 #include "model/v4/ops.h"
 
 #include <cmath>
@@ -13,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "format/numerics.h"
+#include "kernels/cpu/cpu_ops.h"
 
 namespace deepinfer::v4 {
 namespace {
@@ -52,6 +56,130 @@ TEST(V4Ops, FastLinearsBitIdenticalToOracles) {
       EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "FP4 M " << M << " K " << K;
     }
   }
+}
+
+// Runs body once per Highway target this CPU supports (and restores dispatch).
+template <typename F>
+void ForEachTarget(F&& body) {
+  const std::vector<int64_t> targets = cpu::AvailableTargets();
+  ASSERT_FALSE(targets.empty());
+  for (int64_t t : targets) {
+    cpu::ForceTarget(t);
+    SCOPED_TRACE("target " + cpu::TargetName(t));
+    body();
+  }
+  cpu::ForceTarget(0);
+}
+
+// Values of mixed magnitudes, so the FP32 sums of the fast forms round.
+std::vector<float> MixedBf16(std::mt19937& rng, int64_t n) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::uniform_int_distribution<int> e(-12, 12);
+  std::vector<float> v(n);
+  for (auto& x : v) x = RoundBf16(std::ldexp(d(rng), e(rng)));
+  return v;
+}
+
+TEST(V4Ops, PackedBlockLinearsBitIdenticalToOracles) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> byte(0, 255), sc(110, 130);
+  ForEachTarget([&] {
+    for (int64_t M : {1, 2, 3, 17}) {
+      for (int64_t N : {64, 100, 256, 300}) {
+        for (int64_t K : {128, 512, 1024}) {
+          std::vector<float> x = MixedBf16(rng, M * K);
+          for (int64_t k = 0; k < 128; ++k) x[k] = 0.0f;  // an all-zero block
+          for (int64_t k = 128; k < 256 && K > 128; ++k) x[k] = 1e-30f;
+          std::vector<uint8_t> w8(N * K), s8(((N + 127) / 128) * (K / 128));
+          for (auto& b : w8) {
+            b = static_cast<uint8_t>(byte(rng));
+            if ((b & 0x7F) == 0x7F) b = 0x7E;
+          }
+          for (auto& b : s8) b = static_cast<uint8_t>(sc(rng));
+          const Fp8Weight f8{w8.data(), s8.data(), N, K};
+          const PackedFp8Weight p8 = PackFp8Weight(f8);
+          ASSERT_TRUE(p8.fast);
+          std::vector<float> a(M * N, -1.0f), b(M * N, -2.0f);
+          LinearFp8(x.data(), M, p8, a.data());
+          LinearFp8Ref(x.data(), M, f8, b.data());
+          ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "M " << M << " N " << N << " K " << K;
+        }
+      }
+    }
+  });
+  // FP4 (routed experts): E2M1 nibbles, per row and 32 columns UE8M0 scales.
+  ForEachTarget([&] {
+    for (int64_t M : {1, 2, 5}) {
+      for (int64_t N : {64, 100, 512}) {
+        for (int64_t K : {128, 512}) {
+          std::vector<float> x = MixedBf16(rng, M * K);
+          for (int64_t k = 0; k < 128; ++k) x[k] = 0.0f;
+          std::vector<uint8_t> w4(N * K / 2), s4(N * K / 32);
+          for (auto& b : w4) b = static_cast<uint8_t>(byte(rng));
+          for (auto& b : s4) b = static_cast<uint8_t>(sc(rng));
+          const Fp4Weight f4{w4.data(), s4.data(), N, K};
+          const PackedFp4Weight p4 = PackFp4Weight(f4);
+          ASSERT_TRUE(p4.fast);
+          std::vector<float> a(M * N, -1.0f), b(M * N, -2.0f);
+          LinearFp4(x.data(), M, p4, a.data());
+          LinearFp4Ref(x.data(), M, f4, b.data());
+          ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "FP4 M " << M << " N " << N << " K " << K;
+        }
+      }
+    }
+  });
+  // A NaN weight code: the packed form is not used, the result still the oracle's.
+  const int64_t N = 64, K = 128;
+  std::vector<uint8_t> w8(N * K, 0x38), s8(1, 127);
+  w8[5] = 0x7F;
+  std::vector<float> x = MixedBf16(rng, K);
+  const Fp8Weight f8{w8.data(), s8.data(), N, K};
+  const PackedFp8Weight p8 = PackFp8Weight(f8);
+  EXPECT_FALSE(p8.fast);
+  std::vector<float> a(N), b(N);
+  LinearFp8(x.data(), 1, p8, a.data());
+  LinearFp8Ref(x.data(), 1, f8, b.data());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+}
+
+TEST(V4Ops, FastHadamardBitIdenticalToScalar) {
+  std::mt19937 rng(5);
+  ForEachTarget([&] {
+    for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 128, 256, 1024}) {
+      for (float scale : {1.0f, 0.0883883476f}) {
+        const std::vector<float> x = MixedBf16(rng, n);
+        std::vector<float> a = x, b = x;
+        Hadamard(a.data(), n, scale);
+        HadamardRef(b.data(), n, scale);
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "n " << n;
+        bool changed = false;  // the transform did something
+        for (int64_t i = 0; i < n; ++i) changed |= a[i] != x[i];
+        EXPECT_TRUE(changed || n == 1) << "n " << n;
+      }
+    }
+  });
+}
+
+TEST(V4Ops, FastIndexerScoresBitIdenticalToScalar) {
+  std::mt19937 rng(9);
+  ForEachTarget([&] {
+    for (int nh : {1, 4, 16}) {
+      for (int64_t D : {16, 128}) {
+        for (int64_t n : {1, 5, 63, 64, 65, 300}) {
+          const std::vector<float> q = MixedBf16(rng, nh * D), keys = MixedBf16(rng, n * D),
+                                   w = MixedBf16(rng, nh);
+          std::vector<float> a(n + 1, 7.0f), b(n + 1, 7.0f);
+          IndexerScores(q.data(), w.data(), nh, D, keys.data(), n, a.data());
+          IndexerScoresRef(q.data(), w.data(), nh, D, keys.data(), n, b.data());
+          ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "nh " << nh << " D " << D << " n " << n;
+          EXPECT_EQ(a[n], 7.0f);  // nothing past n written
+          int positive = 0;
+          for (int64_t j = 0; j < n; ++j) positive += a[j] != 0.0f;
+          if (n >= 5) EXPECT_GT(positive, 0) << "nh " << nh << " D " << D << " n " << n;
+        }
+      }
+    }
+  });
 }
 
 TEST(V4Ops, HadamardMatchesSylvesterMatrix) {
@@ -97,6 +225,31 @@ TEST(V4Ops, StableTopKBreaksTiesByIndex) {
   EXPECT_EQ(idx[1], 2);
   EXPECT_EQ(idx[2], 5);
   EXPECT_EQ(idx[3], 4);
+}
+
+TEST(V4Ops, FastSparseAttentionBitIdenticalToScalar) {
+  std::mt19937 rng(13);
+  ForEachTarget([&] {
+    for (int H : {1, 4}) {
+      for (int64_t D : {64, 512}) {
+        for (int64_t n : {1, 40, 64, 130, 300}) {
+          const std::vector<float> q = MixedBf16(rng, H * D);
+          std::vector<std::vector<uint16_t>> kv(n, std::vector<uint16_t>(D));
+          for (auto& r : kv) {
+            const std::vector<float> v = RandomBf16(rng, D, 1.0f);
+            for (int64_t c = 0; c < D; ++c) r[c] = FloatToBf16(v[c]);
+          }
+          std::vector<const uint16_t*> rows(n);
+          for (int64_t i = 0; i < n; ++i) rows[i] = i % 7 == 3 ? nullptr : kv[i].data();  // some absent
+          const std::vector<float> sink = MixedBf16(rng, H);
+          std::vector<float> a(H * D, 1.0f), b(H * D, 2.0f);
+          SparseAttention(q.data(), H, D, rows.data(), n, sink.data(), 0.0441941738f, a.data());
+          SparseAttentionRef(q.data(), H, D, rows.data(), n, sink.data(), 0.0441941738f, b.data());
+          ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "H " << H << " D " << D << " n " << n;
+        }
+      }
+    }
+  });
 }
 
 TEST(V4Ops, SparseAttentionAbsentEntriesAndChunks) {

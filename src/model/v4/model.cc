@@ -43,12 +43,12 @@ struct CompressorW {
 };
 
 struct AttentionW {
-  Fp8Weight wq_a, wq_b, wkv, wo_b;
+  PackedFp8Weight wq_a, wq_b, wkv, wo_b;
   Bf16 wo_a;                  // BF16-dequantised wo_a (convert.py), [o_groups·o_lora, H·D/o_groups]
   std::vector<uint16_t> q_norm, kv_norm;
   std::vector<float> sink;
   CompressorW comp;           // ratio > 0
-  Fp8Weight idx_wq_b;         // ratio 4
+  PackedFp8Weight idx_wq_b;         // ratio 4
   Bf16 idx_wproj;
   CompressorW idx_comp;
 };
@@ -57,8 +57,8 @@ struct FfnW {
   Bf16 gate;
   std::vector<float> bias;       // learned routing
   std::vector<int32_t> tid2eid;  // hash routing [vocab, topk]
-  std::vector<Fp4Weight> w1, w2, w3;
-  Fp8Weight s1, s2, s3;
+  std::vector<PackedFp4Weight> w1, w2, w3;
+  PackedFp8Weight s1, s2, s3;
 };
 
 struct HcHeadW {
@@ -71,7 +71,7 @@ struct BlockW {
   AttentionW attn;
   FfnW ffn;
   // mtp.* only
-  Fp8Weight e_proj, h_proj;
+  PackedFp8Weight e_proj, h_proj;
   std::vector<uint16_t> enorm, hnorm, norm;
   HcHeadW hc_head;
 };
@@ -122,6 +122,7 @@ class Binder {
     const TensorView& s = Get(pre + ".scale", DType::kF8E8M0, {(out + 127) / 128, (in + 127) / 128});
     return {w.data, s.data, out, in};
   }
+  PackedFp8Weight Fp8P(const std::string& pre, int64_t out, int64_t in) { return PackFp8Weight(Fp8(pre, out, in)); }
   Fp4Weight Fp4(const std::string& pre, int64_t out, int64_t in) {
     const TensorView& w = Get(pre + ".weight", DType::kI8, {out, in / 2});
     const TensorView& s = Get(pre + ".scale", DType::kF8E8M0, {out, in / 32});
@@ -164,10 +165,10 @@ BlockW BindBlock(Binder& b, const std::string& pre, int l, const ModelConfig& c)
   }
   const std::string a = pre + "attn.";
   AttentionW& A = B.attn;
-  A.wq_a = b.Fp8(a + "wq_a", c.q_lora_rank, d);
+  A.wq_a = b.Fp8P(a + "wq_a", c.q_lora_rank, d);
   A.q_norm = b.Bf16Vec(a + "q_norm.weight", {c.q_lora_rank});
-  A.wq_b = b.Fp8(a + "wq_b", H * D, c.q_lora_rank);
-  A.wkv = b.Fp8(a + "wkv", D, d);
+  A.wq_b = b.Fp8P(a + "wq_b", H * D, c.q_lora_rank);
+  A.wkv = b.Fp8P(a + "wkv", D, d);
   A.kv_norm = b.Bf16Vec(a + "kv_norm.weight", {D});
   {
     const int64_t out = c.o_groups * c.o_lora_rank, in = H * D / c.o_groups;
@@ -181,11 +182,11 @@ BlockW BindBlock(Binder& b, const std::string& pre, int l, const ModelConfig& c)
         A.wo_a.w[o * in + i] =
             FloatToBf16(E4M3ToFloat(wa.w[o * in + i]) * E8M0ToFloat(wa.scale[(o / 128) * nkb + i / 128]));
   }
-  A.wo_b = b.Fp8(a + "wo_b", d, c.o_groups * c.o_lora_rank);
+  A.wo_b = b.Fp8P(a + "wo_b", d, c.o_groups * c.o_lora_rank);
   A.sink = b.F32(a + "attn_sink", {H});
   if (ratio > 0) A.comp = BindCompressor(b, a + "compressor.", ratio, D, d);
   if (ratio == 4) {
-    A.idx_wq_b = b.Fp8(a + "indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
+    A.idx_wq_b = b.Fp8P(a + "indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
     A.idx_wproj = b.Bf16W(a + "indexer.weights_proj.weight", c.index_n_heads, d);
     A.idx_comp = BindCompressor(b, a + "indexer.compressor.", ratio, c.index_head_dim, d);
   }
@@ -210,16 +211,16 @@ BlockW BindBlock(Binder& b, const std::string& pre, int l, const ModelConfig& c)
   const int64_t I = c.moe_inter_dim;
   for (int e = 0; e < E; ++e) {
     const std::string x = f + "experts." + std::to_string(e) + ".";
-    F.w1.push_back(b.Fp4(x + "w1", I, d));
-    F.w2.push_back(b.Fp4(x + "w2", d, I));
-    F.w3.push_back(b.Fp4(x + "w3", I, d));
+    F.w1.push_back(PackFp4Weight(b.Fp4(x + "w1", I, d)));
+    F.w2.push_back(PackFp4Weight(b.Fp4(x + "w2", d, I)));
+    F.w3.push_back(PackFp4Weight(b.Fp4(x + "w3", I, d)));
   }
-  F.s1 = b.Fp8(f + "shared_experts.w1", I, d);
-  F.s2 = b.Fp8(f + "shared_experts.w2", d, I);
-  F.s3 = b.Fp8(f + "shared_experts.w3", I, d);
+  F.s1 = b.Fp8P(f + "shared_experts.w1", I, d);
+  F.s2 = b.Fp8P(f + "shared_experts.w2", d, I);
+  F.s3 = b.Fp8P(f + "shared_experts.w3", I, d);
   if (is_mtp) {
-    B.e_proj = b.Fp8(pre + "e_proj", d, d);
-    B.h_proj = b.Fp8(pre + "h_proj", d, d);
+    B.e_proj = b.Fp8P(pre + "e_proj", d, d);
+    B.h_proj = b.Fp8P(pre + "h_proj", d, d);
     B.enorm = b.Bf16Vec(pre + "enorm.weight", {d});
     B.hnorm = b.Bf16Vec(pre + "hnorm.weight", {d});
     B.norm = b.Bf16Vec(pre + "norm.weight", {d});
@@ -598,17 +599,8 @@ void Pass::Indexer(int l, int s, const float* x, const float* qr, std::vector<st
     out.clear();
     if (K == 0) continue;
     const float* qrow = qI.data() + i * nh * ID;
-    for (int64_t j = 0; j < Er; ++j) {
-      float acc = 0.0f;
-      for (int64_t h = 0; h < nh; ++h) {
-        const float* qh = qrow + h * ID;
-        const float* kj = keys.data() + j * ID;
-        float dot = 0.0f;
-        for (int64_t c = 0; c < ID; ++c) dot += qh[c] * kj[c];
-        acc += RoundBf16(std::max(RoundBf16(dot), 0.0f) * wts[i * nh + h]);
-      }
-      score[j] = j < vis ? RoundBf16(acc) : kNegInf;
-    }
+    IndexerScores(qrow, wts.data() + i * nh, static_cast<int>(nh), ID, keys.data(), std::min(vis, Er), score.data());
+    for (int64_t j = vis; j < Er; ++j) score[j] = kNegInf;
     StableTopK(score.data(), Er, K, idx.data());
     for (int64_t t = 0; t < K; ++t) out.push_back(idx[t] < vis ? idx[t] : -1);
     if (dbg && pre)  // as Indexer.forward returns them: offset by the chunk length, −1 = absent

@@ -184,8 +184,8 @@ void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, float* y) {
 
 float Exp32(float x) { return static_cast<float>(std::exp(static_cast<double>(x))); }
 
-void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* rows, int64_t list_len,
-                     const float* sink, float softmax_scale, float* out) {
+void SparseAttentionRef(const float* q, int H, int64_t D, const uint16_t* const* rows, int64_t list_len,
+                        const float* sink, float softmax_scale, float* out) {
   constexpr int64_t kChunk = 64;
   const float ninf = -std::numeric_limits<float>::infinity();
   std::vector<double> kv(kChunk * D);
@@ -299,7 +299,22 @@ void HcMixes(const float* X, int64_t M, int hc, int64_t d, const float* fn, cons
   }
 }
 
-void Hadamard(float* x, int64_t n, float scale) {
+void IndexerScoresRef(const float* q, const float* w, int nh, int64_t D, const float* keys, int64_t n,
+                      float* score) {
+  for (int64_t j = 0; j < n; ++j) {
+    float acc = 0.0f;
+    for (int h = 0; h < nh; ++h) {
+      const float* qh = q + h * D;
+      const float* kj = keys + j * D;
+      float dot = 0.0f;
+      for (int64_t c = 0; c < D; ++c) dot += qh[c] * kj[c];
+      acc += RoundBf16(std::max(RoundBf16(dot), 0.0f) * w[h]);
+    }
+    score[j] = RoundBf16(acc);
+  }
+}
+
+void HadamardRef(float* x, int64_t n, float scale) {
   for (int64_t h = 1; h < n; h *= 2)
     for (int64_t b = 0; b < n; b += 2 * h)
       for (int64_t i = b; i < b + h; ++i) {

@@ -1,5 +1,7 @@
-// deepinfer/model/v4/ops.h — scalar reference operators of the DeepSeek-V4
-// (`deepseek_v4`) forward pass that differ from V4.1's (kernels/ref/ref_ops.h).
+// deepinfer/model/v4/ops.h — the operators of the DeepSeek-V4 (`deepseek_v4`)
+// forward pass that differ from V4.1's (kernels/ref/ref_ops.h): scalar
+// reference forms (ops.cc, the *Ref functions and the others) and the
+// Highway forms bit-identical to them (ops_hwy.cc).
 //
 // The V4 golden vectors (shared golden README_V4.md) come from DeepSeek's V4
 // model.py with a CPU port of its tilelang kernels; the kernels' semantics are
@@ -25,6 +27,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/cpu/cpu_ops.h"
 
 namespace deepinfer::v4 {
 
@@ -52,6 +56,30 @@ void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, float* y);
 void LinearFp8Ref(const float* x, int64_t M, const Fp8Weight& w, float* y);
 void LinearFp4Ref(const float* x, int64_t M, const Fp4Weight& w, float* y);
 
+// An FP8 weight with its load-time repacked copy (kernels/cpu PackFp8 layout,
+// 128-wide blocks) for the Highway linear (ops_hwy.cc). `fast` is false when
+// in % 128 != 0 or a weight code is NaN; then the calls take LinearFp8(src).
+struct PackedFp8Weight {
+  Fp8Weight src;
+  cpu::PackedFp8 packed;
+  bool fast = false;
+};
+PackedFp8Weight PackFp8Weight(const Fp8Weight& w);
+// As LinearFp8(x, M, w.src, y), bit-identical (v4_ops_test): one double lane
+// per output row, exact block partials, the reference's FP32 block steps;
+// output tiles in parallel (OpenMP) when M·out·in >= 2^20.
+void LinearFp8(const float* x, int64_t M, const PackedFp8Weight& w, float* y);
+// The same for FP4 (kernels/cpu PackFp4 layout): `fast` is false when
+// in % 128 != 0 or a scale byte is 0x00 / 0xFF; LinearFp4 on it is
+// bit-identical to LinearFp4(x, M, w.src, y).
+struct PackedFp4Weight {
+  Fp4Weight src;
+  cpu::PackedFp4 packed;
+  bool fast = false;
+};
+PackedFp4Weight PackFp4Weight(const Fp4Weight& w);
+void LinearFp4(const float* x, int64_t M, const PackedFp4Weight& w, float* y);
+
 // Correctly rounded FP32 exp (double exp, one rounding).
 float Exp32(float x);
 
@@ -60,6 +88,12 @@ float Exp32(float x);
 // null; chunks of 64 in list order. sink [H] FP32. out [H, D] BF16.
 void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* rows, int64_t list_len,
                      const float* sink, float softmax_scale, float* out);
+// The scalar oracle of SparseAttention; SparseAttention (ops_hwy.cc) is
+// bit-identical to it: each chunk's rows decoded once for all heads, the q·k
+// dots one double lane per candidate (increasing c), P·V one lane per column
+// c (candidates in list order), the softmax steps as here.
+void SparseAttentionRef(const float* q, int H, int64_t D, const uint16_t* const* rows, int64_t list_len,
+                        const float* sink, float softmax_scale, float* out);
 
 // mHC mixes of one site for M rows (model.py hc_pre + hc_split_sinkhorn):
 // X [M, hc, d] BF16 values; ρ = 1/sqrt(mean(f²) + norm_eps) over the hc·d values
@@ -70,7 +104,20 @@ void HcMixes(const float* X, int64_t M, int hc, int64_t d, const float* fn, cons
              float norm_eps, int sinkhorn_iters, float hc_eps, float* pre, float* post, float* comb);
 
 // fast_hadamard_transform of one BF16 row of n (power of two) values, ×scale, BF16, in place.
+// HadamardRef is the scalar oracle; Hadamard the Highway form (ops_hwy.cc),
+// bit-identical to it (the scalar one when n is not a multiple of the vector width).
 void Hadamard(float* x, int64_t n, float scale);
+void HadamardRef(float* x, int64_t n, float scale);
+
+// C4 indexer scores of one query row (model.py Indexer.forward with the
+// golden port's order): q [nh, D] and keys [n, D] FP32 (BF16 values), w [nh];
+// score[j] = bf16(Σ_h bf16(max(bf16(Σ_c q[h,c]·keys[j,c]), 0)·w[h])) for
+// j < n, every sum sequential in FP32 from +0 in increasing c resp. h.
+// IndexerScoresRef is the scalar oracle; IndexerScores the Highway form
+// (one lane per key), bit-identical to it.
+void IndexerScores(const float* q, const float* w, int nh, int64_t D, const float* keys, int64_t n, float* score);
+void IndexerScoresRef(const float* q, const float* w, int nh, int64_t D, const float* keys, int64_t n,
+                      float* score);
 
 // Sum of n floats in torch's order for a reduction over a non-innermost
 // dimension (vectorized_outer_sum → multi_row_sum: a cascade of sequential
