@@ -3,6 +3,20 @@
 #include <atomic>
 #include <cstddef>
 
+// Sanitizer runtimes interpose the allocator themselves (and call malloc before
+// their own start-up, where this counter's instrumented code would crash): in
+// such builds nothing is interposed and HeapAllocations() stays 0.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define DEEPINFER_COUNT_ALLOCATIONS 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define DEEPINFER_COUNT_ALLOCATIONS 0
+#endif
+#endif
+#ifndef DEEPINFER_COUNT_ALLOCATIONS
+#define DEEPINFER_COUNT_ALLOCATIONS 1
+#endif
+
 extern "C" {
 void* __libc_malloc(size_t);
 void* __libc_calloc(size_t, size_t);
@@ -20,6 +34,7 @@ uint64_t HeapAllocations() { return g_allocations.load(std::memory_order_relaxed
 
 }  // namespace deepinfer
 
+#if DEEPINFER_COUNT_ALLOCATIONS
 extern "C" {
 void* malloc(size_t n) {
   deepinfer::Count();
@@ -46,3 +61,4 @@ int posix_memalign(void** out, size_t align, size_t n) {
   return 0;
 }
 }
+#endif  // DEEPINFER_COUNT_ALLOCATIONS

@@ -5,7 +5,8 @@
 // entry points (malloc, calloc, realloc, aligned_alloc, posix_memalign; glibc:
 // they forward to __libc_*), so every allocation of the process is counted,
 // C++ operator new included (libstdc++'s calls malloc). Programs that do not
-// call it are unaffected.
+// call it are unaffected. In sanitizer builds (ASan, TSan) nothing is
+// interposed and the count stays 0.
 #pragma once
 
 #include <cstdint>
