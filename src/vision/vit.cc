@@ -12,6 +12,7 @@
 #include "kernels/ref/ref_math.h"
 #include "kernels/ref/ref_ops.h"
 #include "vision/image.h"
+#include "vision/vit_attn.h"
 
 namespace deepinfer::vision {
 namespace {
@@ -168,7 +169,7 @@ std::vector<float> VisionTower::Vit(const float* patches, int nh, int nw) const 
       }
   const float s = static_cast<float>(std::sqrt(1.0 / std::sqrt(static_cast<double>(hd))));
 
-  std::vector<float> qs(n * D), ks(n * D), vv(n * D), scores(n);
+  std::vector<float> qs(n * D), ks(n * D), vv(n * D), kt(n * D), scores(n), orow(hd);
   for (const VisionBlockWeights& b : blocks_) {
     ref::RmsNorm(x.data(), n, D, b.norm1.data(), 1e-6f, h.data());
     VisionLinearForward(h.data(), n, b.wqkv, qkv.data());
@@ -189,23 +190,18 @@ std::vector<float> VisionTower::Vit(const float* patches, int nh, int nw) const 
             dst[j + half] = RoundBf16(a2 + b2) * s;
           }
         }
-#pragma omp parallel for schedule(static) collapse(2) firstprivate(scores) if (n * n * D > (1 << 16))
+    // Keys transposed per head, [H][hd][n], so that the score loop runs one lane per key.
+    for (int64_t hh = 0; hh < H; ++hh)
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t e = 0; e < hd; ++e) kt[(hh * hd + e) * n + j] = ks[j * D + hh * hd + e];
+#pragma omp parallel for schedule(static) collapse(2) firstprivate(scores, orow) if (n * n * D > (1 << 16))
     for (int64_t hh = 0; hh < H; ++hh)
       for (int64_t i = 0; i < n; ++i) {
-        const float* q = qs.data() + i * D + hh * hd;
-        for (int64_t j = 0; j < n; ++j) {
-          const float* k = ks.data() + j * D + hh * hd;
-          float acc = 0.0f;
-          for (int64_t e = 0; e < hd; ++e) acc += q[e] * k[e];
-          scores[j] = acc;
-        }
+        VitScoresRow(qs.data() + i * D + hh * hd, kt.data() + hh * hd * n, n, hd, scores.data());
         TorchSoftmaxRow(scores.data(), n);
+        VitPvRow(scores.data(), vv.data() + hh * hd, n, hd, D, orow.data());
         float* out = o.data() + i * D + hh * hd;
-        for (int64_t e = 0; e < hd; ++e) {
-          float acc = 0.0f;
-          for (int64_t j = 0; j < n; ++j) acc += scores[j] * vv[j * D + hh * hd + e];
-          out[e] = RoundBf16(acc);
-        }
+        for (int64_t e = 0; e < hd; ++e) out[e] = RoundBf16(orow[e]);
       }
     VisionLinearForward(o.data(), n, b.wo, h.data());
     for (int64_t i = 0; i < n * D; ++i) x[i] = RoundBf16(x[i] + h[i]);

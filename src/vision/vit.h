@@ -14,8 +14,9 @@
 // kernels of kernels/cpu, bit-identical to kernels/ref), the BF16 bias added
 // to the FP32 sum, one rounding to BF16. Attention is torch's math SDPA in
 // FP32: q·s and k·s with s = fl32(sqrt(1/sqrt(head_dim))), sequential dot
-// products, softmax with SLEEF exp and torch's 8-lane sum, P·V sequential in
-// the key index, BF16 output. Rotary: FP32 tables (θ_j = 1/θ^(2j/R), SLEEF
+// products (Highway, one lane per output value: vit_attn.h), softmax with
+// SLEEF exp and torch's 8-lane sum, P·V sequential in the key index, BF16
+// output. Rotary: FP32 tables (θ_j = 1/θ^(2j/R), SLEEF
 // pow; glibc cos/sin), rotate-half over the whole head, result rounded to BF16.
 //
 // Every row's arithmetic has a fixed order, so the output does not depend on

@@ -5,6 +5,7 @@
 // The preprocessing tests need nothing else; the tower tests need the
 // checkpoint: DEEPINFER_TINY_VISION_DIR = the output of `deepinfer make-tiny
 // --arch deepseek_v41 --vision DIR` (skipped without it).
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +25,7 @@
 #include "model/config.h"
 #include "vision/image.h"
 #include "vision/vit.h"
+#include "vision/vit_attn.h"
 
 namespace deepinfer::vision {
 namespace {
@@ -247,7 +249,7 @@ TEST_F(VisionTowerGolden, ConfigGeometry) {
   EXPECT_EQ(g.max_wh_ratio, 0.0);
 }
 
-void CheckCase(const VisionTower& t, int k, int nh, int nw) {
+void CheckCase(const VisionTower& t, int k, int nh, int nw, int64_t want_diff) {
   SCOPED_TRACE("case " + std::to_string(k));
   const std::string c = "case" + std::to_string(k) + "_";
   const std::vector<float> patches = ReadF32(kData / (c + "patches.f32"));
@@ -258,6 +260,9 @@ void CheckCase(const VisionTower& t, int k, int nh, int nw) {
   const int64_t nd = CountDiff(vit, gv, &m);
   std::printf("case %d ViT: %lld of %zu values differ, max |d| %.4g\n", k, static_cast<long long>(nd), gv.size(), m);
   EXPECT_LE(m, 0.05);
+  // Pinned: the tower's own arithmetic is fixed (the Highway attention rows are bit-identical to the
+  // scalar loops), so the number of values that differ from the golden is a regression check.
+  EXPECT_EQ(nd, want_diff);
   // The aligner from the golden ViT output: bit-identical.
   const std::vector<float> ge = ReadF32(kData / (c + "image_embeds.f32"));
   const std::vector<float> al = t.Align(gv.data(), nh, nw);
@@ -272,8 +277,42 @@ void CheckCase(const VisionTower& t, int k, int nh, int nw) {
   EXPECT_EQ(CountDiff(span, want, &m), 0) << "max |d| " << m;
 }
 
-TEST_F(VisionTowerGolden, Case0BitIdentical) { CheckCase(*tower_, 0, 6, 9); }
-TEST_F(VisionTowerGolden, Case1BitIdentical) { CheckCase(*tower_, 1, 5, 8); }
+TEST_F(VisionTowerGolden, Case0BitIdentical) { CheckCase(*tower_, 0, 6, 9, 2490); }
+TEST_F(VisionTowerGolden, Case1BitIdentical) { CheckCase(*tower_, 1, 5, 8, 1821); }
+
+// The Highway score and P·V rows (vit_attn.h) against the scalar loops they replace, bit for bit,
+// including sizes that leave a scalar tail (n or hd not a multiple of the vector width).
+TEST(VisionAttentionRows, HighwayEqualsScalarLoops) {
+  uint32_t state = 12345;
+  auto next = [&]() {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(static_cast<int32_t>(state >> 8) - (1 << 23)) / static_cast<float>(1 << 22);
+  };
+  for (const auto& [n, hd] : std::vector<std::pair<int64_t, int64_t>>{{54, 32}, {40, 32}, {7, 5}, {33, 17}, {1, 1}}) {
+    SCOPED_TRACE("n " + std::to_string(n) + " hd " + std::to_string(hd));
+    const int64_t ldv = hd + 3;
+    std::vector<float> q(hd), kt(hd * n), v(n * ldv), p(n);
+    for (float& x : q) x = next();
+    for (float& x : kt) x = next();
+    for (float& x : v) x = next();
+    for (float& x : p) x = std::fabs(next());
+    std::vector<float> s(n), s_ref(n), o(hd), o_ref(hd);
+    VitScoresRow(q.data(), kt.data(), n, hd, s.data());
+    VitPvRow(p.data(), v.data(), n, hd, ldv, o.data());
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = 0.0f;
+      for (int64_t e = 0; e < hd; ++e) acc += q[e] * kt[e * n + j];
+      s_ref[j] = acc;
+    }
+    for (int64_t e = 0; e < hd; ++e) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < n; ++j) acc += p[j] * v[j * ldv + e];
+      o_ref[e] = acc;
+    }
+    EXPECT_EQ(std::memcmp(s.data(), s_ref.data(), n * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(o.data(), o_ref.data(), hd * sizeof(float)), 0);
+  }
+}
 
 }  // namespace
 }  // namespace deepinfer::vision
