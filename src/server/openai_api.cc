@@ -1,7 +1,5 @@
 #include "server/openai_api.h"
 
-#include "vision/image_source.h"
-
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -9,11 +7,13 @@
 
 #include <fmt/format.h>
 
+#include "base/json_field.h"
 #include "server/chat_tools.h"
 #include "structured/constraint.h"
 #include "structured/tool_calls.h"
 #include "tokenizer/chat_format.h"
 #include "tokenizer/tokenizer.h"
+#include "vision/image_source.h"
 
 namespace deepinfer::server {
 
@@ -436,7 +436,7 @@ ParsedRequest ParseChatRequest(const json& body, const nlohmann::ordered_json& o
   r.tools = tools.parse_calls;
   nlohmann::ordered_json messages = ordered_body["messages"];
   if (!tools.tools.empty()) {
-    if (!messages.empty() && messages[0].is_object() && messages[0].value("role", "") == "system" &&
+    if (!messages.empty() && messages[0].is_object() && StringField(messages[0], "role") == "system" &&
         !messages[0].contains("tools")) {
       messages[0]["tools"] = tools.tools;
     } else {
@@ -530,7 +530,7 @@ std::vector<int32_t> EncodeChatPrompt(const json& body, const nlohmann::ordered_
         if (!m.is_object() || !m.contains("content") || !m["content"].is_array()) continue;
         for (size_t j = 0; j < m["content"].size(); ++j) {
           const json& b = m["content"][j];
-          if (b.is_object() && (b.value("type", "") == "image_url" || b.value("type", "") == "image"))
+          if (b.is_object() && (StringField(b, "type") == "image_url" || StringField(b, "type") == "image"))
             BadRequest(fmt::format("messages[{}].content[{}]: this model has no vision tower; images are not supported",
                                    i, j),
                        "messages");

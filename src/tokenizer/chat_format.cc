@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "base/error.h"
+#include "base/json_field.h"
 
 namespace deepinfer {
 
@@ -282,7 +283,7 @@ Json ProcessImages(const Json& messages) {
         Json nb = Json::array();
         for (const Json& b : list) {
           if (!b.is_object()) { nb.push_back(b); continue; }
-          const std::string type = b.value("type", "");
+          const std::string type = StringField(b, "type");
           if (type == "image" || type == "image_url") {
             bool has_source = false;
             if (type == "image_url") {
@@ -315,7 +316,7 @@ Json ProcessImages(const Json& messages) {
         std::string joined;
         bool first = true;
         for (const Json& b : msg["content_blocks"]) {
-          if (!b.is_object() || b.value("type", "") != "text") continue;
+          if (!b.is_object() || StringField(b, "type") != "text") continue;
           if (!first) joined += "\n\n";
           first = false;
           const Json* t = Get(b, "text");
@@ -396,7 +397,7 @@ void SortToolResults(Json& messages) {
     } else if (role == "user" && Truthy(Get(msg, "content_blocks"))) {
       std::vector<Json> tools;
       for (const Json& b : msg["content_blocks"])
-        if (b.is_object() && b.value("type", "") == "tool_result") tools.push_back(b);
+        if (b.is_object() && StringField(b, "type") == "tool_result") tools.push_back(b);
       if (tools.size() > 1 && !order.empty()) {
         auto key = [&](const Json& b) {
           const Json* id = Get(b, "tool_use_id");
@@ -407,7 +408,7 @@ void SortToolResults(Json& messages) {
         std::stable_sort(tools.begin(), tools.end(), [&](const Json& a, const Json& b) { return key(a) < key(b); });
         size_t k = 0;
         for (Json& b : msg["content_blocks"])
-          if (b.is_object() && b.value("type", "") == "tool_result") b = tools[k++];
+          if (b.is_object() && StringField(b, "type") == "tool_result") b = tools[k++];
       }
     }
   }
@@ -484,7 +485,7 @@ void RenderUserBlocks(const Json& blocks, size_t index, Prompt& out) {
     if (!first) out += "\n\n";
     first = false;
     if (!b.is_object()) Bad(index, "content blocks must be objects");
-    const std::string type = b.value("type", "");
+    const std::string type = StringField(b, "type");
     if (type == "text") {
       const Json* t = Get(b, "text");
       if (!t && b.contains("text")) Bad(index, "text block \"text\" is null");
@@ -498,8 +499,8 @@ void RenderUserBlocks(const Json& blocks, size_t index, Prompt& out) {
         for (const Json& x : *c) {
           if (!f2) content += "\n\n";
           f2 = false;
-          const std::string t2 = x.is_object() ? x.value("type", "") : "";
-          if (t2 == "text") content += x.value("text", "");
+          const std::string t2 = x.is_object() ? StringField(x, "type") : "";
+          if (t2 == "text") content += StringField(x, "text");
           else content += fmt::format("[Unsupported {}]", x.is_object() && x.contains("type") ? t2 : "None");  // all request text
         }
       } else if (!c) {

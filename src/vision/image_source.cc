@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "base/error.h"
+#include "base/json_field.h"
 
 namespace deepinfer::vision {
 
@@ -72,7 +73,7 @@ std::string ImageUrlBytes(const std::string& url, const std::string& field, bool
 namespace {
 
 std::string BlockBytes(const nlohmann::json& b, const std::string& field, bool allow_files) {
-  const std::string type = b.value("type", "");
+  const std::string type = StringField(b, "type");
   if (type == "image_url") {
     const nlohmann::json* u = b.contains("image_url") ? &b["image_url"] : nullptr;
     if (u && u->is_string()) return ImageUrlBytes(u->get<std::string>(), field + ".image_url", allow_files);
@@ -103,7 +104,7 @@ std::vector<std::shared_ptr<const PreparedImage>> CollectImages(const nlohmann::
     for (size_t j = 0; j < list.size(); ++j) {
       const nlohmann::json& b = list[j];
       if (!b.is_object()) continue;
-      const std::string type = b.value("type", "");
+      const std::string type = StringField(b, "type");
       const std::string field = fmt::format("{}[{}]", path, j);
       if (type == "image" || type == "image_url") {
         const std::string bytes = BlockBytes(b, field, allow_files);
