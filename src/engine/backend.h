@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "engine/speculative.h"
 #include "model/config.h"
 #include "model/state.h"
 
@@ -46,6 +47,46 @@ struct BackendSeq {
 // Number of logits rows a chunk returns (backend.h's layout).
 inline int64_t LogitsRows(const BackendSeq& s) { return s.all_logits ? s.len : s.want_logits ? 1 : 0; }
 
+// Model-based drafting (docs/speculative.md "Model drafters"): one sequence's
+// rows of the LAST Forward call that the drafter consumes.
+struct DraftSeq {
+  int forward_index = -1;              // index of the sequence's chunk in the last Forward's seqs
+  int64_t kept = 0;                    // rows kept: positions start_pos .. start_pos+kept−1 of that chunk,
+                                       // 1 <= kept <= len (a verification chunk: 1 + accepted drafts)
+  const int32_t* next_tokens = nullptr;  // [kept] the sequence's token at position+1 of each kept row
+                                         // (prompt ids, accepted drafts, the step's sampled token)
+  SequenceStateView state;             // the sequence's state (its slot and block table now)
+  int max_drafts = 0;                  // 0: advance the drafter's state only; >= 1: also propose up
+                                       // to this many ids for the positions after next_tokens[kept−1]
+};
+
+// A drafter that runs on the target model's hidden states (V4's MTP block
+// mtp.0, V4.1's DSpark). The backend that returns one from EnableDrafter keeps
+// what the drafter reads (e.g. the final residual streams [rows, hc, dim] FP32)
+// for every row of every later Forward call, until the next Forward.
+//
+// When the engine calls Draft: once after every step's Forward, after
+// sampling, acceptance and the target's rollback, for every sequence of the
+// step that is still running, with the rows the sequence keeps — every row of
+// a prefill chunk (sampling or not), the one row of a plain decode, and the
+// last token's row plus the accepted drafts' rows of a verification chunk
+// (rows of rejected drafts are never passed, so the drafter's own state, e.g.
+// MTP's window ring, is only ever written for kept positions and needs no
+// rollback of its own). Preemption recomputes the sequence from position 0
+// and the drafter sees every recomputed row again. Prefix caching is off
+// while a model drafter is active (rows of a cache hit never reach Draft).
+class ModelDrafter {
+ public:
+  virtual ~ModelDrafter() = default;
+  // Writes one proposal per seqs entry, in order: for max_drafts >= 1 up to
+  // max_drafts ids (q empty: deterministic drafts) for the positions after
+  // the last kept row's next token; for max_drafts 0 nothing. Proposals must
+  // be a pure function of the sequence's tokens (alone == batched, chunked
+  // == whole, preempted == not). Throws deepinfer::Error for the whole call
+  // (the engine fails the step's requests with it).
+  virtual void Draft(const std::vector<DraftSeq>& seqs, std::vector<DraftProposal>* out) = 0;
+};
+
 class ModelBackend {
  public:
   virtual ~ModelBackend() = default;
@@ -62,6 +103,30 @@ class ModelBackend {
   // of rejected drafts rebuilds from); the engine refuses --speculative-config
   // on any other.
   virtual bool supports_speculative_rollback() const { return false; }
+  // Floats of carry capture a verification chunk of `len` rows needs in a
+  // pool of geometry `g` (default: V4.1's layout, v41::ForwardSeq::carry_capture,
+  // [carry region][len][row_bytes / 4]).
+  virtual int64_t CarryCaptureFloats(const StateGeometry& g, int64_t len) const {
+    int64_t n = 0;
+    for (const auto& r : g.of(StateKind::kCompressorCarry).regions) n += len * r.row_bytes / 4;
+    return n;
+  }
+  // Puts the fixed state back as if only positions [snap.start, end) of the
+  // verification chunk had been fed (model/state.h RollbackFixedState, the
+  // default; a model with another carry layout overrides it). capture: the
+  // chunk's carry capture; lookback: the raw ids before `end`, oldest first.
+  virtual void RollbackSpeculative(const SequenceStateView& view, const FixedStateSnapshot& snap, int64_t end,
+                                   const float* capture, const int32_t* lookback, int64_t num_lookback) {
+    RollbackFixedState(view, snap, end, capture, lookback, num_lookback);
+  }
+  // The model-based drafter of a validated config's method ("mtp", "dspark"),
+  // activated for the backend's lifetime (Forward keeps its inputs from now
+  // on), or nullptr when this backend has none for that method. Called once,
+  // by Engine::OpenWithBackend; the drafter is owned by the backend.
+  virtual ModelDrafter* EnableDrafter(const SpeculativeConfig& spec) {
+    (void)spec;
+    return nullptr;
+  }
   // Runs all chunks. `logits` receives, for the seqs in order, FP32 rows of
   // vocab_size(): `len` rows (positions start_pos .. start_pos+len-1) for a
   // seq with all_logits, else one row (its last token) for a seq with

@@ -63,6 +63,10 @@ struct RequestRecord {
   std::string error;
   std::optional<std::variant<std::string, int64_t>> stop_reason;
   RequestImages images;  // image spans of the prompt (docs/vision.md); empty for text
+  // Model drafter (backend.h ModelDrafter): the draft it proposed after the
+  // last step, valid while the sequence has model_draft_len tokens.
+  std::vector<int32_t> model_draft;
+  int64_t model_draft_len = -1;
   // Output accumulated since the last Step() return.
   RequestOutput pending;
   bool has_pending = false;
@@ -100,6 +104,7 @@ struct Engine::Impl {
   // Speculative decoding (docs/speculative.md).
   SpeculativeConfig spec;
   std::unique_ptr<Proposer> proposer;
+  ModelDrafter* drafter = nullptr;  // owned by the backend ("mtp", "dspark")
 
   RequestOutput& Pending(RequestRecord& r) {
     if (!r.has_pending) {
@@ -242,7 +247,10 @@ std::unique_ptr<Engine> Engine::OpenWithBackend(const EngineArgs& args, std::uni
   if (args.num_threads != 0) SetNumThreads(args.num_threads);
   const ModelConfig& cfg = impl->backend->config();
   ValidateEngineArgs(args);
-  const bool caching = args.enable_prefix_caching && impl->backend->supports_prefix_caching();
+  impl->spec = ParseSpeculativeConfig(args.speculative_config);
+  // A model drafter sees every kept row of its sequence (backend.h ModelDrafter): no prefix-cache hits.
+  const bool caching =
+      args.enable_prefix_caching && impl->backend->supports_prefix_caching() && !impl->spec.model_drafter();
   StateGeometry geometry =
       caching ? impl->backend->CachingGeometry(args.block_size) : impl->backend->Geometry(args.block_size);
   const int64_t num_blocks = KvBlocksFor(args, geometry);
@@ -271,7 +279,6 @@ std::unique_ptr<Engine> Engine::OpenWithBackend(const EngineArgs& args, std::uni
   impl->sampler = std::make_unique<Sampler>(samp);
   impl->stats.num_kv_blocks = sc.num_kv_blocks;
   impl->stats.kv_cache_bytes = impl->pool->total_bytes();
-  impl->spec = ParseSpeculativeConfig(args.speculative_config);
   if (impl->spec.enabled()) {
     ValidateSpeculativeConfig(impl->spec, cfg);
     if (dp > 1 || args.expert_parallel_size > 1)
@@ -289,7 +296,16 @@ std::unique_ptr<Engine> Engine::OpenWithBackend(const EngineArgs& args, std::uni
            "--speculative-config is not supported for model_type {} yet (its state rollback after rejected drafts "
            "is not implemented)",
            cfg.model_type);
-    impl->proposer = MakeProposer(impl->spec);
+    if (impl->spec.model_drafter()) {
+      impl->drafter = impl->backend->EnableDrafter(impl->spec);
+      if (!impl->drafter)
+        Fail(ErrorKind::kInvalidArgument,
+             "--speculative-config: method \"{}\" is not available for model_type {} in this build (its drafter is "
+             "not implemented yet; use \"ngram\")",
+             impl->spec.method, cfg.model_type);
+    } else {
+      impl->proposer = MakeProposer(impl->spec);
+    }
     impl->stats.spec_num_speculative_tokens = impl->spec.num_speculative_tokens;
     impl->stats.spec_num_accepted_tokens_per_pos.assign(static_cast<size_t>(impl->spec.num_speculative_tokens), 0);
   }
@@ -534,8 +550,7 @@ void BuildShardStep(Engine::Impl& m, int shard, ShardStep* st, int64_t pad_seqs_
       b.all_logits = true;
       SnapshotFixedState(b.state, q.start, q.len, &st->spec_snapshot[qi]);
       const StateKindGeometry& carry = m.pool->geometry().of(StateKind::kCompressorCarry);
-      int64_t floats = 0;
-      for (const auto& r : carry.regions) floats += q.len * r.row_bytes / 4;
+      const int64_t floats = carry.regions.empty() ? 0 : m.backend->CarryCaptureFloats(m.pool->geometry(), q.len);
       st->spec_carry[qi].assign(static_cast<size_t>(floats), 0.0f);
       if (floats > 0) b.carry_capture = st->spec_carry[qi].data();
     }
@@ -570,6 +585,60 @@ void BuildShardStep(Engine::Impl& m, int shard, ShardStep* st, int64_t pad_seqs_
     if (n > 0) st->row0[i] = st->num_rows;
     st->num_rows += n;
     if (st->seqs[i].all_logits) st->any_all_logits = true;
+  }
+}
+
+// Model drafter (backend.h ModelDrafter): after the step's acceptance and
+// rollback, every still-running sequence of the step hands its kept rows to
+// the drafter; a sequence left with exactly one uncomputed token (about to
+// decode, no structured-output constraint) gets a draft for the next step.
+void RunDrafter(Engine::Impl& m, Scheduler& sched, const ShardStep& st,
+                const std::vector<std::vector<int32_t>>& produced) {
+  const StepPlan& plan = st.plan;
+  std::vector<DraftSeq> dseqs;
+  std::vector<RequestRecord*> recs;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& q = plan.seqs[i];
+    if (st.row_error[i]) continue;
+    RequestRecord& r = *m.requests.at(q.id);
+    const SeqState* ss = sched.Get(q.id);
+    if (r.finished || !ss || ss->status != RequestStatus::kRunning) continue;
+    DraftSeq d;
+    d.forward_index = static_cast<int>(i);
+    d.kept = q.num_draft > 0 ? static_cast<int64_t>(produced[i].size()) : q.len;
+    const int64_t n_tok = static_cast<int64_t>(ss->token_ids.size());
+    if (d.kept < 1 || q.start + d.kept >= n_tok) continue;  // every kept row's next token must exist
+    d.next_tokens = ss->token_ids.data() + q.start + 1;
+    d.state = m.pool->View(ss->slot, ss->block_table.data(), static_cast<int64_t>(ss->block_table.size()));
+    const bool decode_next = q.start + d.kept + 1 == n_tok && !r.matcher;
+    const int64_t room =
+        std::min<int64_t>(m.spec.num_speculative_tokens, ss->max_tokens - ss->num_output_tokens() - 1);
+    d.max_drafts = decode_next && room >= 1 ? static_cast<int>(room) : 0;
+    r.model_draft.clear();
+    r.model_draft_len = -1;
+    dseqs.push_back(d);
+    recs.push_back(&r);
+  }
+  if (dseqs.empty()) return;
+  std::vector<DraftProposal> props;
+  try {
+    m.drafter->Draft(dseqs, &props);
+    if (props.size() != dseqs.size())
+      Fail(ErrorKind::kInternal, "the drafter returned {} proposals for {} sequences", props.size(), dseqs.size());
+  } catch (const Error& e) {
+    for (RequestRecord* r : recs) {
+      sched.Finish(r->id, SeqFinishReason::kError);
+      m.FinishRecord(*r, "error", std::string("speculative drafter failed: ") + e.what());
+    }
+    return;
+  }
+  for (size_t k = 0; k < dseqs.size(); ++k) {
+    if (dseqs[k].max_drafts < 1) continue;
+    RequestRecord& r = *recs[k];
+    r.model_draft = std::move(props[k].ids);
+    if (static_cast<int64_t>(r.model_draft.size()) > dseqs[k].max_drafts)
+      r.model_draft.resize(static_cast<size_t>(dseqs[k].max_drafts));
+    r.model_draft_len = static_cast<int64_t>(sched.Get(r.id)->token_ids.size());
   }
 }
 
@@ -704,9 +773,9 @@ void FinishShardStep(Engine::Impl& m, Scheduler& sched, ShardStep& st, std::vect
     const int64_t end = q.start + static_cast<int64_t>(produced[i].size());
     if (end == q.start + q.len) continue;  // everything accepted: the state is already right
     const int64_t nlook = std::min<int64_t>(end, 16);
-    RollbackFixedState(seqs[i].state, st.spec_snapshot[i], end,
-                       st.spec_carry[i].empty() ? nullptr : st.spec_carry[i].data(),
-                       ss->token_ids.data() + end - nlook, nlook);
+    m.backend->RollbackSpeculative(seqs[i].state, st.spec_snapshot[i], end,
+                                   st.spec_carry[i].empty() ? nullptr : st.spec_carry[i].data(),
+                                   ss->token_ids.data() + end - nlook, nlook);
   }
   // prompt_logprobs complete: report them once, now (again in the finished output).
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
@@ -767,6 +836,7 @@ void FinishShardStep(Engine::Impl& m, Scheduler& sched, ShardStep& st, std::vect
       }
     }
   }
+  if (m.drafter) RunDrafter(m, sched, st, produced);
 }
 
 // Speculative decoding: drafts for every running request about to decode
@@ -781,7 +851,10 @@ void ProposeDrafts(Engine::Impl& m, Scheduler& sched) {
       continue;
     const int64_t room = std::min<int64_t>(m.spec.num_speculative_tokens, ss->max_tokens - ss->num_output_tokens() - 1);
     std::vector<int32_t> draft;
-    if (room >= 1) {
+    if (room >= 1 && m.drafter) {
+      // The drafter's proposal after the step that computed everything but the last token.
+      if (r->model_draft_len == static_cast<int64_t>(ss->token_ids.size())) draft = r->model_draft;
+    } else if (room >= 1) {
       DraftProposal p = m.proposer->Propose(ss->token_ids, static_cast<int>(room));
       draft = std::move(p.ids);
       if (static_cast<int64_t>(draft.size()) > room) draft.resize(static_cast<size_t>(room));
@@ -812,7 +885,7 @@ std::vector<RequestOutput> Engine::Step() {
     }
     std::vector<ShardStep> steps(static_cast<size_t>(D));
     bool any_work = false;
-    if (m.proposer) ProposeDrafts(m, *m.shards[0].scheduler);  // D == 1 (checked at Open)
+    if (m.proposer || m.drafter) ProposeDrafts(m, *m.shards[0].scheduler);  // D == 1 (checked at Open)
     for (int i = 0; i < D; ++i) {
       steps[i].plan = m.shards[i].scheduler->Schedule(allow_prefill);
       m.stats.num_preemptions += static_cast<int64_t>(steps[i].plan.preempted.size());

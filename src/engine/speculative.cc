@@ -42,10 +42,12 @@ SpeculativeConfig ParseSpeculativeConfig(const std::string& text) {
            kFlag, key);
   }
   if (!j.contains("method") || !j["method"].is_string())
-    Fail(ErrorKind::kInvalidArgument, "{}: field 'method' (a string: \"ngram\" or \"dspark\") is required", kFlag);
+    Fail(ErrorKind::kInvalidArgument, "{}: field 'method' (a string: \"ngram\", \"mtp\" or \"dspark\") is required",
+         kFlag);
   c.method = j["method"].get<std::string>();
-  if (c.method != "ngram" && c.method != "dspark")
-    Fail(ErrorKind::kInvalidArgument, "{}: unknown method '{}' (expected \"ngram\" or \"dspark\")", kFlag, c.method);
+  if (c.method != "ngram" && c.method != "mtp" && c.method != "dspark")
+    Fail(ErrorKind::kInvalidArgument, "{}: unknown method '{}' (expected \"ngram\", \"mtp\" or \"dspark\")", kFlag,
+         c.method);
   if (!j.contains("num_speculative_tokens"))
     Fail(ErrorKind::kInvalidArgument, "{}: field 'num_speculative_tokens' is required", kFlag);
   c.num_speculative_tokens = ReadInt(j, "num_speculative_tokens");
@@ -78,6 +80,17 @@ void ValidateSpeculativeConfig(const SpeculativeConfig& spec, const ModelConfig&
          "{}: num_speculative_tokens {} + 1 rows exceed the model's sliding_window {} (rollback needs distinct ring "
          "slots)",
          kFlag, spec.num_speculative_tokens, cfg.window_size);
+  if (spec.method == "mtp") {
+    if (cfg.arch != Arch::kDeepseekV4 || cfg.n_mtp_layers == 0)
+      Fail(ErrorKind::kInvalidArgument,
+           "{}: method \"mtp\" needs a deepseek_v4 model with an MTP block (num_nextn_predict_layers > 0); this model "
+           "({}, {} MTP layers) has none",
+           kFlag, cfg.model_type, cfg.n_mtp_layers);
+    if (spec.num_speculative_tokens != 1)
+      Fail(ErrorKind::kInvalidArgument,
+           "{}: method \"mtp\" drafts one token per step (the one MTP layer): num_speculative_tokens must be 1, got {}",
+           kFlag, spec.num_speculative_tokens);
+  }
   if (spec.method == "dspark") {
     if (cfg.n_mtp_layers == 0 || cfg.dspark_block_size < 2)
       Fail(ErrorKind::kInvalidArgument,
@@ -111,9 +124,8 @@ DraftProposal NgramProposer::Propose(std::span<const int32_t> tokens, int max_dr
 
 std::unique_ptr<Proposer> MakeProposer(const SpeculativeConfig& spec) {
   if (spec.method == "ngram") return std::make_unique<NgramProposer>(spec.prompt_lookup_min, spec.prompt_lookup_max);
-  Fail(ErrorKind::kInvalidArgument,
-       "{}: method \"{}\" is not available in this build (the DSpark drafter is not implemented yet; use \"ngram\")",
-       kFlag, spec.method);
+  Fail(ErrorKind::kInvalidArgument, "{}: method \"{}\" has no token-level proposer (it is a model drafter)", kFlag,
+       spec.method);
 }
 
 }  // namespace deepinfer

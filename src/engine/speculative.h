@@ -24,14 +24,17 @@ namespace deepinfer {
 
 // --speculative-config '{"method": ..., "num_speculative_tokens": k, ...}'
 // (vLLM's field names). Methods: "ngram" (prompt_lookup_min/max: n-gram
-// lengths tried, longest first) and "dspark" (the V4.1 drafter; refused at
+// lengths tried, longest first), "mtp" (V4's MTP block mtp.0, a model-based
+// drafter: backend.h ModelDrafter) and "dspark" (the V4.1 drafter; refused at
 // start-up until implemented, and on a model without one).
 struct SpeculativeConfig {
-  std::string method;                 // "ngram" | "dspark"
+  std::string method;                 // "ngram" | "mtp" | "dspark"
   int num_speculative_tokens = 0;     // k >= 1: draft tokens per step and sequence
   int prompt_lookup_min = 1;          // ngram: shortest n-gram matched (>= 1)
   int prompt_lookup_max = 0;          // ngram: longest n-gram matched (>= min); 0 = min
   bool enabled() const { return !method.empty(); }
+  // Drafts come from the model's own drafter (backend.h ModelDrafter), not a Proposer.
+  bool model_drafter() const { return method == "mtp" || method == "dspark"; }
 };
 
 // Parses the flag's JSON. Empty string = speculation off. Throws
@@ -79,8 +82,9 @@ class NgramProposer : public Proposer {
   int min_n_, max_n_;
 };
 
-// The proposer of a validated config (throws Error(kInvalidArgument) naming
-// --speculative-config for a method without one).
+// The proposer of a validated config's token-level method ("ngram"); throws
+// Error(kInvalidArgument) naming --speculative-config for any other (the
+// model drafters come from the backend, backend.h EnableDrafter).
 std::unique_ptr<Proposer> MakeProposer(const SpeculativeConfig& spec);
 
 }  // namespace deepinfer

@@ -138,22 +138,27 @@ void SnapshotFixedState(const SequenceStateView& view, int64_t start, int64_t le
   }
 }
 
-void RollbackFixedState(const SequenceStateView& view, const FixedStateSnapshot& snap, int64_t end,
-                        const float* carry_capture, const int32_t* lookback_tokens, int64_t num_lookback_tokens) {
-  const StateGeometry& g = *view.geometry;
+void RollbackWindowRings(const SequenceStateView& view, const FixedStateSnapshot& snap, int64_t end, int max_layer) {
   const int64_t start = snap.start, len = snap.len;
   DI_CHECK(end > start && end <= start + len);
-  const StateKindGeometry& win = g.of(StateKind::kWindow);
+  const StateKindGeometry& win = view.geometry->of(StateKind::kWindow);
   int64_t off = 0;
   for (size_t ri = 0; ri < win.regions.size(); ++ri) {
     const StateRegionGeometry& w = win.regions[ri];
     for (int64_t p = start; p < start + len; ++p, off += w.row_bytes)
-      if (p >= end)
+      if (p >= end && w.layer < max_layer)
         std::memcpy(view.Row(StateKind::kWindow, static_cast<int>(ri), p % w.rows_per_block),
                     snap.window.data() + off, static_cast<size_t>(w.row_bytes));
   }
+}
+
+void RollbackFixedState(const SequenceStateView& view, const FixedStateSnapshot& snap, int64_t end,
+                        const float* carry_capture, const int32_t* lookback_tokens, int64_t num_lookback_tokens) {
+  const StateGeometry& g = *view.geometry;
+  const int64_t start = snap.start, len = snap.len;
+  RollbackWindowRings(view, snap, end);
   const StateKindGeometry& carry = g.of(StateKind::kCompressorCarry);
-  off = 0;
+  int64_t off = 0;
   for (size_t ri = 0; ri < carry.regions.size(); ++ri) {
     const StateRegionGeometry& c = carry.regions[ri];
     const int64_t r = c.rows_per_block + 1;  // the layer's compress ratio

@@ -195,6 +195,11 @@ struct FixedStateSnapshot {
 // Copies what a chunk [start, start+len) will overwrite in the fixed kinds.
 // Throws Error(kInternal) if len exceeds the window ring.
 void SnapshotFixedState(const SequenceStateView& view, int64_t start, int64_t len, FixedStateSnapshot* snap);
+// Puts back the window-ring rows of the rejected positions [end, start+len)
+// of the layers l < max_layer from the snapshot (part of RollbackFixedState;
+// V4's rollback uses it with its own carry replay, V4Model::RollbackCarry).
+void RollbackWindowRings(const SequenceStateView& view, const FixedStateSnapshot& snap, int64_t end,
+                         int max_layer = 1 << 30);
 // Rolls the fixed kinds back to `end` (see above). carry_capture may be null
 // only when the geometry has no compressor carry.
 void RollbackFixedState(const SequenceStateView& view, const FixedStateSnapshot& snap, int64_t end,

@@ -503,6 +503,19 @@ void Pass::Compressor(int l, int s, const CompressorW& W, bool indexer, const fl
     }
   }
   const ref::RopeTable& rope = ropes_.For(r);
+  // Speculative capture (V4Seq::carry_capture): this compressor's kv and score rows of every row.
+  float* cap = seqs_[s].carry_capture;
+  int64_t cap_rowf = 0, cap_rpp = 0;
+  if (cap) {
+    const StateKindGeometry& cg = St(s).geometry->of(StateKind::kCompressorCarry);
+    const int region = cg.RegionOf(l);
+    for (int ri = 0; ri < region; ++ri) {
+      const int rr = c_.compress_ratios[cg.regions[ri].layer];
+      cap += qi.T * (cg.regions[ri].rows_per_block / ((rr == 4 ? 2 : 1) * rr)) * (cg.regions[ri].row_bytes / 4);
+    }
+    cap_rowf = cg.regions[region].row_bytes / 4;
+    cap_rpp = cg.regions[region].rows_per_block / nslot;
+  }
   std::vector<float> e(nslot), prod(nslot), ent(hd);
   for (int64_t i = 0; i < qi.T; ++i) {
     const int64_t p = qi.start + i;
@@ -510,6 +523,11 @@ void Pass::Compressor(int l, int s, const CompressorW& W, bool indexer, const fl
     for (int64_t ch = 0; ch < wdt; ++ch) {
       kvs[slot * wdt + ch] = a[i * wdt + ch];
       scs[slot * wdt + ch] = g[i * wdt + ch] + W.ape[(p % r) * wdt + ch];
+    }
+    if (cap) {
+      float* dst = cap + (i * cap_rpp + (indexer ? 2 : 0)) * cap_rowf;
+      std::memcpy(dst, kvs.data() + slot * wdt, wdt * 4);
+      std::memcpy(dst + cap_rowf, scs.data() + slot * wdt, wdt * 4);
     }
     if ((p + 1) % r != 0) continue;
     // Slots: overlap → rows 0..r−1 first halves, rows r..2r−1 second halves; else rows 0..r−1.

@@ -56,6 +56,14 @@ struct V4Seq {
   SequenceStateView state;          // rows in the model's geometry (V4Model::Geometry)
   bool want_logits = false;         // logits of the chunk's last row
   bool all_logits = false;          // logits of every row (len rows)
+  // Optional (speculative decoding, docs/speculative.md): receives every row's
+  // compressor inputs, FP32, laid out [carry region (StateKind::kCompressorCarry
+  // order)][len][rows_per_pos][row_bytes / 4] with rows_per_pos = 4 on C4 layers
+  // (attention kv, attention score, indexer kv, indexer score) and 2 on C128
+  // layers (kv, score); a kv row is x·wkvᵀ, a score row x·wgateᵀ + ape[p mod r],
+  // coff·hd floats each (the rest of the row unused). V4Model::RollbackCarry
+  // replays them. Size: V4Model::CarryCaptureFloats.
+  float* carry_capture = nullptr;
 };
 
 // Per-layer intermediates of sequence 0 of a call (the golden `debug` layout).
@@ -110,6 +118,20 @@ class V4Model {
   // main model's final streams at those positions; its window ring is the
   // state's region of layer n_layers. Returns the draft logits rows as Forward.
   std::vector<float> Mtp(const std::vector<V4Seq>& seqs, const float* streams, bool per_row_layout);
+
+  // Speculative rollback (docs/speculative.md; rollback.cc). Floats of
+  // V4Seq::carry_capture for a chunk of `len` rows in geometry `g`.
+  int64_t CarryCaptureFloats(const StateGeometry& g, int64_t len) const;
+  // Rebuilds every main-model compressor carry (layers < n_layers) as if only
+  // positions [start, end) of a chunk [start, start+len) had been fed: the
+  // carry slot rows as they were before the chunk (`snapshot_carry`, the
+  // FixedStateSnapshot::carry layout: each carry region's whole slot rows),
+  // then Compressor.forward's slot updates for positions start .. end−1 from
+  // the chunk's capture (no entry is emitted again: the paged rows of kept
+  // positions are already right). Error(kInternal) when end is outside
+  // (start, start+len] or the snapshot has the wrong size.
+  void RollbackCarry(const SequenceStateView& v, const std::vector<uint8_t>& snapshot_carry, int64_t start,
+                     int64_t len, int64_t end, const float* capture) const;
 
   // Golden-test conveniences on a V4State (prefill when state->len == 0, else
   // one token; per the reference's layout): logits of the last position.
