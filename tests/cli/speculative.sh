@@ -2,7 +2,8 @@
 # --speculative-config on the CLI (docs/speculative.md), tiny checkpoint (DEEPINFER_TINY_DIR):
 # generate with n-gram drafts gives the same tokens and logprobs as without and prints the
 # speculative-decoding summary line; bad configs and dspark (not implemented) exit 2 naming the flag;
-# bench e2e refuses a bad config before measuring.
+# bench e2e refuses a bad config before measuring. On the tiny V4 checkpoint (DEEPINFER_TINY_V4_DIR):
+# the MTP drafter ("mtp") gives the same output as without; "mtp" on V4.1 or with k > 1 exits 2.
 set -euo pipefail
 BIN="$1"
 TINY="${DEEPINFER_TINY_DIR:?DEEPINFER_TINY_DIR not set}"
@@ -55,9 +56,35 @@ expect_error '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_mi
 expect_error '{"method": "ngram", "num_speculative_tokens": 20}' "sliding_window"
 expect_error '{"method": "dspark", "num_speculative_tokens": 2}' "dspark"
 expect_error '{"method": "dspark", "num_speculative_tokens": 3}' "dspark_block_size"
+expect_error '{"method": "mtp", "num_speculative_tokens": 1}' "needs a deepseek_v4 model"
 set +e
 "$BIN" bench e2e --model "$TINY" --json "$T/b.json" --speculative-config '{"method": 1}' > "$T/b.out" 2>&1
 rc=$?
 set -e
 [ "$rc" = 2 ] && grep -q -- "--speculative-config" "$T/b.out" || fail "bench e2e bad config: exit $rc: $(cat "$T/b.out")"
+
+# V4's MTP drafter: same tokens, text and logprobs as without, every decode step verifies a draft.
+TINY4="${DEEPINFER_TINY_V4_DIR:?DEEPINFER_TINY_V4_DIR not set}"
+V4=(--model "$TINY4" --prompts "$T/in.jsonl" --max-model-len 256 --max-num-seqs 4 --temperature 0 --threads 1)
+"$BIN" generate "${V4[@]}" --output "$T/v4off.jsonl" 2> "$T/v4off.err" || fail "generate V4 (off): $(cat "$T/v4off.err")"
+"$BIN" generate "${V4[@]}" --output "$T/v4on.jsonl" --speculative-config '{"method": "mtp", "num_speculative_tokens": 1}' \
+  2> "$T/v4on.err" || fail "generate V4 (mtp): $(cat "$T/v4on.err")"
+grep -q "^generate: speculative decoding: [1-9][0-9]* drafts" "$T/v4on.err" \
+  || fail "no speculative summary with drafts (mtp): $(cat "$T/v4on.err")"
+python3 - "$T/v4off.jsonl" "$T/v4on.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 4
+for x, y in zip(a, b):
+    assert "error" not in x and "error" not in y, (x, y)
+    for k in ("token_ids", "text", "finish_reason", "logprobs"):
+        assert x.get(k) == y.get(k), (k, x.get(k), y.get(k))
+PY
+set +e
+"$BIN" generate "${V4[@]}" --output "$T/x.jsonl" --speculative-config '{"method": "mtp", "num_speculative_tokens": 2}' 2> "$T/e"
+rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q -- "--speculative-config" "$T/e" && grep -q "num_speculative_tokens must be 1" "$T/e" \
+  || fail "mtp k=2: exit $rc: $(cat "$T/e")"
 echo "speculative: OK"
