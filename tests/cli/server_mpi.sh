@@ -52,15 +52,17 @@ done = {}
 def run(name, body):
     out = post(body)
     done[name] = (time.time(), out)
-long = threading.Thread(target=run, args=("long", {"model": model, "prompt": "Once upon a time", "max_tokens": 400,
+long = threading.Thread(target=run, args=("long", {"model": model, "prompt": "Once upon a time", "max_tokens": 1000,
                                                    "ignore_eos": True, "temperature": 0}))
 long.start()
-time.sleep(1.0)  # the long request is decoding on rank 0 now
+# The long request is decoding on rank 0 after a few ms; the tiny model decodes 1000 tokens in
+# about 2 s on an idle machine (400 took 0.7 s: the late request came after it had finished).
+time.sleep(0.3)
 t0 = time.time()
 run("short", {"model": model, "prompt": "A late request", "max_tokens": 4, "temperature": 0})
 long.join()
 assert done["short"][1]["usage"]["completion_tokens"] == 4, done["short"]
-assert done["long"][1]["usage"]["completion_tokens"] == 400, done["long"][1]["usage"]
+assert done["long"][1]["usage"]["completion_tokens"] == 1000, done["long"][1]["usage"]
 assert done["short"][0] < done["long"][0], "the late request waited for the long decode"
 print(f"late request served in {done['short'][0] - t0:.2f} s while the long one decoded "
       f"(it finished {done['long'][0] - done['short'][0]:.2f} s later)")
