@@ -24,15 +24,21 @@ struct Items {
 
 // Runs the local experts over items (grouped by expert, experts in parallel,
 // each expert's rows in item order); out [m, dim] in item order.
+// Scratch is the calling thread's and per worker thread (grows, never
+// shrinks: a steady-state decode step allocates nothing here).
 void RunLocal(const ExpertFn& fn, int64_t dim, const Items& it, float* out) {
-  std::vector<std::vector<int64_t>> by_e;
-  std::vector<int> experts;
+  thread_local std::vector<std::vector<int64_t>> by_e_buf;
+  thread_local std::vector<int> experts_buf;
+  thread_local std::vector<int32_t> sorted;
+  std::vector<std::vector<int64_t>>& by_e = by_e_buf;  // shared with the team below
+  std::vector<int>& experts = experts_buf;
   {
-    std::vector<int32_t> sorted(it.e.begin(), it.e.end());
+    sorted.assign(it.e.begin(), it.e.end());
     std::sort(sorted.begin(), sorted.end());
     sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
     experts.assign(sorted.begin(), sorted.end());
-    by_e.resize(experts.size());
+    if (by_e.size() < experts.size()) by_e.resize(experts.size());
+    for (size_t g = 0; g < experts.size(); ++g) by_e[g].clear();
     for (int64_t i = 0; i < it.m; ++i) {
       const size_t g = static_cast<size_t>(std::lower_bound(experts.begin(), experts.end(), it.e[i]) - experts.begin());
       by_e[g].push_back(i);
@@ -43,7 +49,10 @@ void RunLocal(const ExpertFn& fn, int64_t dim, const Items& it, float* out) {
   for (int64_t g = 0; g < ng; ++g) {
     const std::vector<int64_t>& rows = by_e[static_cast<size_t>(g)];
     const int64_t m = static_cast<int64_t>(rows.size());
-    std::vector<float> xin(static_cast<size_t>(m * dim)), rw(static_cast<size_t>(m)), o(static_cast<size_t>(m * dim));
+    thread_local std::vector<float> xin, rw, o;
+    xin.assign(static_cast<size_t>(m * dim), 0.0f);
+    rw.assign(static_cast<size_t>(m), 0.0f);
+    o.assign(static_cast<size_t>(m * dim), 0.0f);
     for (int64_t i = 0; i < m; ++i) {
       std::memcpy(xin.data() + i * dim, it.x.data() + rows[i] * dim, dim * sizeof(float));
       rw[i] = it.w[rows[i]];
@@ -99,11 +108,16 @@ void RoutedExperts(Communicator* comm, EpExchange exchange, const ExpertShard& s
   const int N = comm ? comm->size() : 1;
   DI_CHECK(shard.size == N && shard.num_experts % N == 0);
   const int me = comm ? comm->rank() : 0;
-  std::vector<float> slot(static_cast<size_t>(n * k * dim), 0.0f);  // [n, k, dim]
+  thread_local std::vector<float> slot;  // [n, k, dim]; the calling thread's, reused
+  slot.assign(static_cast<size_t>(n * k * dim), 0.0f);
   ++g_calls;
 
   if (N == 1) {
-    Items it;
+    thread_local Items it;
+    it.x.clear();
+    it.w.clear();
+    it.e.clear();
+    it.m = 0;
     for (int64_t r = 0; r < n; ++r)
       for (int t = 0; t < k; ++t) AddItem(&it, x + r * dim, dim, wts[r * k + t], idx[r * k + t]);
     RunLocal(fn, dim, it, slot.data());

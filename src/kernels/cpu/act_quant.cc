@@ -106,7 +106,9 @@ void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, floa
   const float vmax = Fp8ActMax(fmt), inv_max = Fp8ActInvMax(fmt);
   if (M == 1) {
     if (!fn(x, K, B, q, sa, vmax, inv_max)) {
-      std::vector<uint8_t> codes(K), sb(kb);
+      thread_local std::vector<uint8_t> codes, sb;
+      codes.assign(static_cast<size_t>(K), 0);
+      sb.assign(static_cast<size_t>(kb), 0);
       QuantizeActE4M3(x, K, B, codes.data(), sb.data(), fmt);
       for (int64_t k = 0; k < K; ++k) q[k] = E4M3ToFloat(codes[k]) * kActOperandScale;
       for (int64_t b = 0; b < kb; ++b) sa[b] = E8M0ToFloat(sb[b]) * kActScaleFactor;
@@ -115,7 +117,7 @@ void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, floa
   }
 #pragma omp parallel if (M * K >= (int64_t{1} << 16))
   {
-    std::vector<uint8_t> codes, sb;
+    thread_local std::vector<uint8_t> codes, sb;
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; ++m) {
       if (fn(x + m * K, K, B, q + m * K, sa + m * kb, vmax, inv_max)) continue;

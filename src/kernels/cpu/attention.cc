@@ -132,8 +132,15 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
   auto* finish = HWY_DYNAMIC_DISPATCH(Finish);
   const int64_t L = HWY_DYNAMIC_DISPATCH(LanesF32)();
   const int64_t Hp = ((H + L - 1) / L) * L;
-  std::vector<float> kvf(static_cast<size_t>(n) * D), qt(static_cast<size_t>(D * Hp), 0.0f),
-      dots(static_cast<size_t>(n) * Hp);
+  // Scratch of the calling thread (grows, never shrinks: no allocation per
+  // decode step), shared with the team below through the pointers.
+  thread_local std::vector<float> kvf_buf, qt_buf, dots_buf;
+  kvf_buf.assign(static_cast<size_t>(n) * D, 0.0f);
+  qt_buf.assign(static_cast<size_t>(D * Hp), 0.0f);
+  dots_buf.assign(static_cast<size_t>(n) * Hp, 0.0f);
+  float* const kvf = kvf_buf.data();
+  float* const qt = qt_buf.data();
+  float* const dots = dots_buf.data();
   for (int h = 0; h < H; ++h)
     for (int64_t d = 0; d < D; ++d) qt[d * Hp + h] = q[h * D + d];
   // Heads in parallel only when the call is large (a long decode list): a
@@ -144,11 +151,15 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
 #pragma omp for schedule(static)
     for (int i0 = 0; i0 < n; i0 += 8) {
       const int i1 = std::min(n, i0 + 8);
-      widen(kv + i0, i1 - i0, D, kvf.data() + static_cast<int64_t>(i0) * D);
-      scores(qt.data(), Hp, D, kvf.data(), i0, i1, dots.data());
+      widen(kv + i0, i1 - i0, D, kvf + static_cast<int64_t>(i0) * D);
+      scores(qt, Hp, D, kvf, i0, i1, dots);
     }
-    std::vector<float> acc(D), part(D), pchunk(kChunk), s(kChunk);
-    std::vector<int> members;
+    thread_local std::vector<float> acc, part, pchunk, s;
+    thread_local std::vector<int> members;
+    acc.assign(static_cast<size_t>(D), 0.0f);
+    part.assign(static_cast<size_t>(D), 0.0f);
+    pchunk.assign(kChunk, 0.0f);
+    s.assign(kChunk, 0.0f);
 #pragma omp for schedule(static)
     for (int h = 0; h < H; ++h) {
       float m = -1e30f, sum_exp = 0.0f;
@@ -172,7 +183,7 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
           const float p = ref::SleefExpf(s[t] - m_new);
           pchunk[slot[members[t]] - c0] = p;
           const float pb = RoundBf16(p);
-          add_scaled(part.data(), pb, kvf.data() + static_cast<int64_t>(members[t]) * D, D);
+          add_scaled(part.data(), pb, kvf + static_cast<int64_t>(members[t]) * D, D);
         }
         sum_exp = sum_exp * rescale + ref::TorchSum(pchunk.data(), clen);
         rescale_fn(acc.data(), rescale, part.data(), D);

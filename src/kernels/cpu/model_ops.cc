@@ -15,12 +15,17 @@ void Router(const float* x, int64_t M, const PackedBf16& gate, const float* cons
             bool norm_topk_prob, float route_scale, const int32_t* softplus_vec, int32_t* indices, float* weights) {
   if (M <= 0) return;
   const int64_t E = gate.src.out;
-  std::vector<float> logits(M * E);
-  LinearF32Bf16W(x, M, gate, logits.data());  // acc = Σ_k x·w in increasing k (ref::Router's loop)
+  thread_local std::vector<float> logits_buf;  // the calling thread's (no allocation per step)
+  logits_buf.assign(static_cast<size_t>(M * E), 0.0f);
+  const float* const logits = logits_buf.data();
+  LinearF32Bf16W(x, M, gate, logits_buf.data());  // acc = Σ_k x·w in increasing k (ref::Router's loop)
 #pragma omp parallel if (M > 1)
   {
-    std::vector<float> s(E), sel(E);
-    std::vector<int64_t> idx(topk);
+    thread_local std::vector<float> s, sel;
+    thread_local std::vector<int64_t> idx;
+    s.assign(static_cast<size_t>(E), 0.0f);
+    sel.assign(static_cast<size_t>(E), 0.0f);
+    idx.assign(static_cast<size_t>(topk), 0);
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t e = 0; e < E; ++e) {
@@ -52,11 +57,17 @@ void HcMixes(const float* X, int64_t M, int hc, int64_t d, const PackedF32& fn, 
   if (M <= 0) return;
   const int64_t flat = hc * d;
   const int64_t mix = (2 + hc) * hc;
-  std::vector<float> dots(M * mix);
-  LinearF32(X, M, fn, dots.data());  // Σ_i f[i]·w[j][i] in increasing i (ref::HcMixes's loop)
+  thread_local std::vector<float> dots_buf;  // the calling thread's (no allocation per step)
+  dots_buf.assign(static_cast<size_t>(M * mix), 0.0f);
+  const float* const dots = dots_buf.data();
+  LinearF32(X, M, fn, dots_buf.data());  // Σ_i f[i]·w[j][i] in increasing i (ref::HcMixes's loop)
 #pragma omp parallel if (M > 1)
   {
-    std::vector<float> sq(flat), mixes(mix), rs(hc), cs(hc);
+    thread_local std::vector<float> sq, mixes, rs, cs;
+    sq.assign(static_cast<size_t>(flat), 0.0f);
+    mixes.assign(static_cast<size_t>(mix), 0.0f);
+    rs.assign(static_cast<size_t>(hc), 0.0f);
+    cs.assign(static_cast<size_t>(hc), 0.0f);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < M; ++r) {
       const float* f = X + r * flat;

@@ -273,7 +273,9 @@ float TorchSum(const float* x, int64_t n) {
 
 void TorchTopK(const float* v, int64_t n, int64_t k, bool sorted, int64_t* idx) {
   using Elem = std::pair<float, int64_t>;
-  std::vector<Elem> queue(static_cast<size_t>(n));
+  thread_local std::vector<Elem> queue;  // grows, never shrinks: no allocation per call
+  if (queue.capacity() < static_cast<size_t>(n)) queue.reserve(static_cast<size_t>((n + 4095) / 4096 * 4096));
+  queue.resize(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j) queue[j] = {v[j], j};
   auto comp = [](const Elem& a, const Elem& b) {
     return (std::isnan(a.first) && !std::isnan(b.first)) || (a.first > b.first);

@@ -145,7 +145,8 @@ void GroupedLinearBf16(const float* o, int64_t M, int groups, const Bf16Weight& 
 void RmsNorm(const float* x, int64_t M, int64_t n, const uint16_t* w_bf16, float eps, float* y) {
 #pragma omp parallel if(M * n > kParallelWork / 16)
   {
-    std::vector<float> sq(n);
+    thread_local std::vector<float> sq;  // grows, never shrinks: no allocation per step
+    sq.assign(static_cast<size_t>(n), 0.0f);
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; ++m) {
       const float* xr = x + m * n;

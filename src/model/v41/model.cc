@@ -38,6 +38,7 @@
 #include "kernels/ref/ref_math.h"
 #include "kernels/ref/ref_ops.h"
 #include "model/v41/engram.h"
+#include "model/v41/workspace.h"
 #include "parallel/context_parallel.h"
 #include "parallel/sharded_rows.h"
 #include "model/v41/weights.h"
@@ -163,6 +164,7 @@ std::unique_ptr<V41Model> V41Model::Load(const std::filesystem::path& model_dir,
   if (m->debug_dump_dir_.empty()) {
     if (const char* env = std::getenv("DEEPINFER_DEBUG_DUMP"); env && *env) m->debug_dump_dir_ = env;
   }
+  if (options.reuse_step_workspace) m->ws_ = std::make_unique<StepWorkspace>();
   m->tables_ = std::make_unique<Tables>();
   m->tables_->rope_swa = ref::RopeTable(c.rope_head_dim, c.rope_theta, 0, 1.0, c.beta_fast, c.beta_slow);
   m->tables_->rope_compress = ref::RopeTable(c.rope_head_dim, c.compress_rope_theta, c.original_seq_len,
@@ -174,17 +176,15 @@ std::unique_ptr<V41Model> V41Model::Load(const std::filesystem::path& model_dir,
 
 class ForwardPass {
  public:
-  ForwardPass(V41Model& m, const ForwardBatch& b, ForwardOutput* out)
-      : m_(m), c_(m.cfg_), w_(*m.w_), t_(*m.tables_), b_(b), out_(out) {}
+  ForwardPass(V41Model& m, const ForwardBatch& b, ForwardOutput* out, StepWorkspace& ws)
+      : m_(m), c_(m.cfg_), w_(*m.w_), t_(*m.tables_), b_(b), out_(out), ws_(ws) {}
 
   void Run();
   void ValidateOnly() { Validate(); }
 
  private:
   // Per-row bookkeeping.
-  struct SeqInfo {
-    int64_t row0 = 0, T = 0, start = 0;
-  };
+  using SeqInfo = StepSeq;
 
   void Validate();
   void Engram(int l);
@@ -244,23 +244,26 @@ class ForwardPass {
   const Tables& t_;
   const ForwardBatch& b_;
   ForwardOutput* out_;
+  StepWorkspace& ws_;  // this call's buffers (workspace.h); the members below live there
 
   int64_t R_ = 0;
-  std::vector<SeqInfo> seq_;
-  std::vector<int32_t> row_seq_;
-  std::vector<int64_t> row_pos_, row_in_seq_;
-  std::vector<uint8_t> row_image_;  // 1: an image-span position (token type >= 0)
+  std::vector<SeqInfo>& seq_ = ws_.seq;
+  std::vector<int32_t>& row_seq_ = ws_.row_seq;
+  std::vector<int64_t>& row_pos_ = ws_.row_pos;
+  std::vector<int64_t>& row_in_seq_ = ws_.row_in_seq;
+  std::vector<uint8_t>& row_image_ = ws_.row_image;  // 1: an image-span position (token type >= 0)
   static bool IsImage(const ForwardSeq& q, int64_t i) { return q.token_types && q.token_types[i] >= 0; }
-  std::vector<float> X_, pre_in_;
-  std::vector<int64_t> hash_ids_;  // [R][n_engram][cols]
-  // Compressed selection per layer (index sources; Reuse layers point at their source):
+  std::vector<float>& X_ = ws_.X;
+  std::vector<float>& pre_in_ = ws_.pre_in;
+  std::vector<int64_t>& hash_ids_ = ws_.hash_ids;  // [R][n_engram][cols]
+  // Compressed selection per layer (index sources; Reuse layers copy their source):
   // per row, the selected compressed positions ascending.
-  std::vector<std::vector<std::vector<int32_t>>> sel_;
+  std::vector<std::vector<std::vector<int32_t>>>& sel_ = ws_.sel;
   // Candidate mask of the candidate source, per row over [0, E).
-  std::vector<std::vector<uint8_t>> cand_;
+  std::vector<std::vector<uint8_t>>& cand_ = ws_.cand;
   bool have_cand_ = false;
-  std::vector<int32_t> sig_vec_;   // per row: vectorised-path count for [T, hc] sigmoids
-  std::vector<int32_t> soft_vec_;  // per row: vectorised-path count for [T, E] softplus
+  std::vector<int32_t>& sig_vec_ = ws_.sig_vec;   // per row: vectorised-path count for [T, hc] sigmoids
+  std::vector<int32_t>& soft_vec_ = ws_.soft_vec;  // per row: vectorised-path count for [T, E] softplus
   // Debug scratch.
   std::vector<int32_t> dbg_router_idx_;
   std::vector<float> dbg_router_w_;
@@ -268,13 +271,25 @@ class ForwardPass {
 
 void V41Model::Validate(const ForwardBatch& batch) {
   ForwardOutput unused;
-  ForwardPass p(*this, batch, &unused);
+  StepWorkspace ws;  // untouched by the checks
+  ForwardPass p(*this, batch, &unused, ws);
   p.ValidateOnly();
 }
 
 void V41Model::Forward(const ForwardBatch& batch, ForwardOutput* out) {
+  // The model's workspace unless another call holds it (then a fresh one).
+  const bool reuse = ws_ && !ws_busy_.exchange(true, std::memory_order_acquire);
+  std::optional<StepWorkspace> fresh;
+  if (!reuse) fresh.emplace();
+  StepWorkspace& ws = reuse ? *ws_ : *fresh;
+  struct Release {
+    std::atomic<bool>* busy;
+    ~Release() {
+      if (busy) busy->store(false, std::memory_order_release);
+    }
+  } release{reuse ? &ws_busy_ : nullptr};
   if (debug_dump_dir_.empty()) {
-    ForwardPass p(*this, batch, out);
+    ForwardPass p(*this, batch, out, ws);
     p.Run();
     return;
   }
@@ -284,7 +299,7 @@ void V41Model::Forward(const ForwardBatch& batch, ForwardOutput* out) {
   const int saved_seq = debug_seq_;
   if (!debug_) SetDebug(&local, 0);
   try {
-    ForwardPass p(*this, batch, out);
+    ForwardPass p(*this, batch, out, ws);
     p.Run();
   } catch (...) {
     SetDebug(saved, saved_seq);
@@ -407,7 +422,7 @@ void ForwardPass::Run() {
     for (int s = 0; s < S; ++s) {
       const ForwardSeq& q = b_.seqs[s];
       const int32_t* st = reinterpret_cast<const int32_t*>(Row(s, StateKind::kEngram, -1, 0));
-      std::vector<int32_t> back(eh.lookback());
+      std::vector<int32_t>& back = Zeroed(ws_.engram_back, eh.lookback());
       std::memcpy(back.data(), st, back.size() * sizeof(int32_t));  // positions start-L .. start-1
       for (int64_t i = 0; i < q.len; ++i) {
         int32_t hist[16];
@@ -447,7 +462,7 @@ void ForwardPass::Run() {
   for (int64_t r = 0; r < R_; ++r) pre_in_[r * hc] = 1.0f;
 
   embed_scope.reset();
-  sel_.assign(c_.n_layers, {});
+  sel_.resize(c_.n_layers);  // each layer's rows are (re)set by Attention
   for (int l = 0; l < c_.n_layers; ++l) {
     if (w_.layers[l].has_engram) Engram(l);
     Block(l);
@@ -460,9 +475,9 @@ void ForwardPass::Run() {
     for (int s = 0; s < S; ++s) {
       const ForwardSeq& q = b_.seqs[s];
       int32_t* st = reinterpret_cast<int32_t*>(Row(s, StateKind::kEngram, -1, 0));
-      std::vector<int32_t> back(L);
-      std::memcpy(back.data(), st, L * sizeof(int32_t));
-      std::vector<int32_t> nb(L);
+      DI_CHECK(L <= 64);
+      int32_t back[64], nb[64];
+      std::memcpy(back, st, L * sizeof(int32_t));
       const int64_t end = q.start_pos + q.len;
       for (int i = 0; i < L; ++i) {
         const int64_t p = end - L + i;
@@ -470,7 +485,7 @@ void ForwardPass::Run() {
         else if (p >= q.start_pos) nb[i] = IsImage(q, p - q.start_pos) ? -1 : q.tokens[p - q.start_pos];
         else nb[i] = back[L - (q.start_pos - p)];
       }
-      std::memcpy(st, nb.data(), L * sizeof(int32_t));
+      std::memcpy(st, nb, L * sizeof(int32_t));
     }
   }
 }
@@ -491,10 +506,10 @@ void ForwardPass::Engram(int l) {
   // them when the table is sharded (parallel/sharded_rows.h), then
   // E4M3 × UE8M0 per 32 → FP32 → BF16 (ParallelEngramEmbedding).
   const int64_t row_bytes = hd + hd / 32;
-  std::vector<int64_t> ids(static_cast<size_t>(R_ * cols));
+  std::vector<int64_t>& ids = Zeroed(ws_.eg_ids, R_ * cols);
   for (int64_t r = 0; r < R_; ++r)
     for (int k = 0; k < cols; ++k) ids[r * cols + k] = hash_ids_[r * per_row + slot * cols + k];
-  std::vector<uint8_t> raw(static_cast<size_t>(R_ * cols * row_bytes));
+  std::vector<uint8_t>& raw = Zeroed(ws_.eg_raw, R_ * cols * row_bytes);
   FetchShardedRows(
       m_.comm_, b_.exchange, G.rows, ids.data(), R_ * cols, row_bytes,
       [&](int64_t row, uint8_t* dst) {
@@ -503,7 +518,7 @@ void ForwardPass::Engram(int l) {
         std::memcpy(dst + hd, G.table_scale + row * (hd / 32), static_cast<size_t>(hd / 32));
       },
       raw.data());
-  std::vector<float> e(static_cast<size_t>(R_ * ein));
+  std::vector<float>& e = Zeroed(ws_.eg_e, R_ * ein);
   for (int64_t r = 0; r < R_; ++r)
     for (int k = 0; k < cols; ++k) {
       const uint8_t* q = raw.data() + (r * cols + k) * row_bytes;
@@ -518,13 +533,14 @@ void ForwardPass::Engram(int l) {
           e[r * ein + k * hd + i] = RoundBf16(E4M3ToFloat(q[i]) * E8M0ToFloat(q[hd + i / 32]));
       }
     }
-  std::vector<float> kv(static_cast<size_t>(R_ * (hc + 1) * d));
+  std::vector<float>& kv = Zeroed(ws_.eg_kv, R_ * (hc + 1) * d);
   Linear(e.data(), R_, G.wkv, c_.act_block_size, kv.data());
   const float eps = c_.norm_eps;
   const float inv_sqrt_dim = static_cast<float>(std::pow(static_cast<double>(d), -0.5));
 #pragma omp parallel if(R_ * hc * d > (int64_t{1} << 16))
   {
-    std::vector<float> tmp(d);
+    thread_local std::vector<float> tmp;
+    Zeroed(tmp, d);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < R_; ++r) {
       if (row_image_[r]) continue;  // image positions: Engram gate 0 (X unchanged)
@@ -559,9 +575,15 @@ void ForwardPass::Block(int l) {
   const int hc = c_.hc_mult;
   const int64_t d = c_.dim;
   const int64_t n = R_;
-  std::vector<float> pre_a(n * hc), post_a(n * hc), comb_a(n * hc * hc);
-  std::vector<float> pre_f(n * hc), post_f(n * hc), comb_f(n * hc * hc);
-  std::vector<float> x(n * d), v(n * d), X2(X_.size());
+  std::vector<float>& pre_a = Zeroed(ws_.pre_a, n * hc);
+  std::vector<float>& post_a = Zeroed(ws_.post_a, n * hc);
+  std::vector<float>& comb_a = Zeroed(ws_.comb_a, n * hc * hc);
+  std::vector<float>& pre_f = Zeroed(ws_.pre_f, n * hc);
+  std::vector<float>& post_f = Zeroed(ws_.post_f, n * hc);
+  std::vector<float>& comb_f = Zeroed(ws_.comb_f, n * hc * hc);
+  std::vector<float>& x = Zeroed(ws_.x, n * d);
+  std::vector<float>& v = Zeroed(ws_.v, n * d);
+  std::vector<float>& X2 = Zeroed(ws_.X2, static_cast<int64_t>(X_.size()));
   // Single-pass mHC (model-spec §3.3.3): each site's `pre` is used by the next site.
   {
     RegionScope region(Region::kMhc);
@@ -600,7 +622,7 @@ void ForwardPass::Block(int l) {
     RegionScope region(Region::kMhc);
     ref::HcExpand(v.data(), X2.data(), post_f.data(), comb_f.data(), n, hc, d, X_.data());
   }
-  pre_in_ = pre_f;
+  pre_in_.swap(pre_f);  // pre_f is refilled by the next Block
   if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size())) {
     const SeqInfo& q = seq_[m_.debug_seq_];
     m_.debug_->out_streams[l].assign(X_.begin() + q.row0 * hc * d, X_.begin() + (q.row0 + q.T) * hc * d);
@@ -625,14 +647,15 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   // (SplitRows); q, the attention core and the output projection run on this
   // rank's rows [r0, r1) only, and the output rows are shared at the end.
   const int64_t d = c_.dim, r0 = cp_r0_, r1 = cp_r1_;
-  std::vector<float> qr(n * qr_dim), q(n * H * D);
+  std::vector<float>& qr = Zeroed(ws_.qr, n * qr_dim);
+  std::vector<float>& q = Zeroed(ws_.q, n * H * D);
   SplitRows(n, qr_dim, qr.data(), [&](int64_t a, int64_t b) {
     Linear(x + a * d, b - a, A.wq_a, ab, qr.data() + a * qr_dim);
     ref::RmsNorm(qr.data() + a * qr_dim, b - a, qr_dim, A.q_norm.data, c_.norm_eps, qr.data() + a * qr_dim);
   });
   Linear(qr.data() + r0 * qr_dim, r1 - r0, A.wq_b, ab, q.data() + r0 * H * D);
   // Window K (= V): kv_norm(wkv(x)), RoPE, FP8 QDQ over all D dims in blocks of 32.
-  std::vector<float> kv(n * D);
+  std::vector<float>& kv = Zeroed(ws_.kv, n * D);
   SplitRows(n, D, kv.data(), [&](int64_t a, int64_t b) {
     Linear(x + a * d, b - a, A.wkv, ab, kv.data() + a * D);
     ref::RmsNorm(kv.data() + a * D, b - a, D, A.kv_norm.data, c_.norm_eps, kv.data() + a * D);
@@ -647,7 +670,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
 #pragma omp parallel for schedule(static) if((r1 - r0) * H * D > (int64_t{1} << 16))
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t h = 0; h < H; ++h) rope.Apply(q.data() + (r * H + h) * D + D - rd, row_pos_[r], false);
-  std::vector<uint16_t> kvb(n * D);
+  std::vector<uint16_t>& kvb = Zeroed(ws_.kvb, n * D);
   for (int64_t i = 0; i < n * D; ++i) kvb[i] = FloatToBf16(kv[i]);
 
   core.reset();
@@ -657,10 +680,15 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
     if (sch.kv_source)
       for (int s = 0; s < S; ++s) Compressor(l, s, x);
     if (sch.index_source) {
-      sel_[l].assign(n, {});
+      sel_[l].resize(n);
+      for (std::vector<int32_t>& row : sel_[l]) row.clear();
       for (int s = 0; s < S; ++s) Indexer(l, s, x, qr.data());
     } else {
-      sel_[l] = sel_[sch.index_from];
+      sel_[l].resize(n);
+      for (int64_t r = 0; r < n; ++r) {
+        ReserveInSteps(sel_[l][r], c_.index_topk, 1);
+        sel_[l][r] = sel_[sch.index_from][r];
+      }
     }
   }
 
@@ -683,13 +711,13 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   }
   // Sparse attention with sink over window + selected compressed positions.
   core.emplace(Region::kAttnCore);
-  std::vector<float> o(n * H * D);
+  std::vector<float>& o = Zeroed(ws_.o, n * H * D);
   const float scale = static_cast<float>(std::pow(static_cast<double>(D), -0.5));
 #pragma omp parallel if(r1 - r0 > 1)
   {
-    std::vector<const uint16_t*> rows;
-    std::vector<int32_t> slots;
-    std::vector<uint16_t> ringbuf;
+    thread_local std::vector<const uint16_t*> rows;
+    thread_local std::vector<int32_t> slots;
+    thread_local std::vector<uint16_t> ringbuf, cbuf;
 #pragma omp for schedule(dynamic)
     for (int64_t r = r0; r < r1; ++r) {
       const int s = row_seq_[r];
@@ -697,6 +725,8 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
       const int64_t p = row_pos_[r];
       rows.clear();
       slots.clear();
+      ReserveInSteps(rows, win + c_.index_topk, 1);
+      ReserveInSteps(slots, win + c_.index_topk, 1);
       ringbuf.resize(static_cast<size_t>(win * D));
       const bool prefill_layout = qi.start == 0 && !b_.per_row_layout;
       const int64_t W = prefill_layout ? std::min<int64_t>(qi.T, win) : win;
@@ -713,12 +743,12 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
         slots.push_back(static_cast<int32_t>(slot));
       }
       int64_t list_len = W;
-      std::vector<uint16_t> cbuf;
       if (ratio > 0) {
         const int64_t E = b_.per_row_layout ? (p + 1) / ratio : (qi.start + qi.T) / ratio;
         const int64_t K = std::min<int64_t>(c_.index_topk, E);
         const std::vector<int32_t>& sel = sel_[l][r];
-        cbuf.resize(sel.size() * D);
+        ReserveInSteps(cbuf, c_.index_topk * D, 1);
+        Zeroed(cbuf, static_cast<int64_t>(sel.size()) * D);
         for (size_t i = 0; i < sel.size(); ++i) {
           const uint8_t* src = cp_kv.empty() || !St(s).sharding
                                    ? Row(s, StateKind::kCompressedKv, sch.kv_from, sel[i])
@@ -751,7 +781,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   core.reset();
   // Grouped BF16 wo_a, then FP8 wo_b.
   const int64_t zw = c_.o_groups * c_.o_lora_rank;
-  std::vector<float> z(n * zw);
+  std::vector<float>& z = Zeroed(ws_.z, n * zw);
   SplitRows(n, d, v, [&](int64_t a, int64_t b) {
     GroupedLinearBf16(o.data() + a * H * D, b - a, c_.o_groups, A.wo_a, z.data() + a * zw);
     Linear(z.data() + a * zw, b - a, A.wo_b, ab, v + a * d);
@@ -768,21 +798,25 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
   const ref::RopeTable& rope = t_.For(r);
   const float* xs = x + qi.row0 * d;
   // Latents of the groups completed in this chunk, pre-RoPE, BF16.
-  std::vector<int64_t> js;
-  std::vector<float> lat;
+  std::vector<int64_t>& js = ws_.cmp_js;
+  std::vector<float>& lat = ws_.cmp_lat;
+  js.clear();
+  lat.clear();
   if (r == 1) {
-    lat.resize(qi.T * D);
+    Zeroed(lat, qi.T * D);
     LinearBf16(xs, qi.T, A.compressor_wkv, lat.data());
     ref::RmsNorm(lat.data(), qi.T, D, A.compressor_norm.data, c_.norm_eps, lat.data());
     for (int64_t i = 0; i < qi.T; ++i) js.push_back(qi.start + i);
   } else {
     // FP32 projections a = x·wkvᵀ, g = x·wgateᵀ; softmax over the r tokens of
     // a group per channel, weighted sum, BF16, RMSNorm (Compressor.forward).
-    std::vector<float> a(qi.T * D), g(qi.T * D);
+    std::vector<float>& a = Zeroed(ws_.cmp_a, qi.T * D);
+    std::vector<float>& g = Zeroed(ws_.cmp_g, qi.T * D);
     LinearF32Bf16W(xs, qi.T, A.compressor_wkv, a.data());
     LinearF32Bf16W(xs, qi.T, A.compressor_wgate, g.data());
-    std::vector<const float*> ga(r), gg(r);
-    std::vector<float> carry(static_cast<size_t>((r - 1) * 2 * D));
+    std::vector<const float*>& ga = Zeroed(ws_.cmp_ga, r);
+    std::vector<const float*>& gg = Zeroed(ws_.cmp_gg, r);
+    std::vector<float>& carry = Zeroed(ws_.cmp_carry, (r - 1) * 2 * D);
     for (int i = 0; i < r - 1; ++i)
       std::memcpy(carry.data() + i * 2 * D, Row(s, StateKind::kCompressorCarry, l, i), 2 * D * sizeof(float));
     for (int64_t i = 0; i < qi.T; ++i) {
@@ -799,7 +833,7 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
           gg[t] = carry.data() + (pt % r) * 2 * D + D;
         }
       }
-      std::vector<float> row(D);
+      std::vector<float>& row = Zeroed(ws_.cmp_row, D);
       float e[8];
       for (int64_t ch = 0; ch < D; ++ch) {
         float mx = gg[0][ch];
@@ -837,7 +871,7 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
   if (js.empty()) return;
   const int64_t nj = static_cast<int64_t>(js.size());
   // Index keys from the pre-RoPE latent: k_norm(wk(ℓ)), RoPE at r·j, FP4 QDQ (UE8M0, 32).
-  std::vector<float> k(nj * ID);
+  std::vector<float>& k = Zeroed(ws_.cmp_k, nj * ID);
   LinearBf16(lat.data(), nj, A.indexer_wk, k.data());
   ref::RmsNorm(k.data(), nj, ID, A.indexer_k_norm.data, c_.norm_eps, k.data());
   for (int64_t i = 0; i < nj; ++i) {
@@ -879,14 +913,14 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
   // sequence; the selections are shared after the loop.
   const int64_t i0 = std::clamp<int64_t>(cp_r0_ - qi.row0, 0, T), i1 = std::clamp<int64_t>(cp_r1_ - qi.row0, 0, T);
   // Query heads: FP8 wq_b(c_q), RoPE on each head's last rd dims, FP4 QDQ (UE8M0, 32).
-  std::vector<float> qI(T * nh * ID);
+  std::vector<float>& qI = Zeroed(ws_.idx_q, T * nh * ID);
   Linear(qr + (qi.row0 + i0) * c_.q_lora_rank, i1 - i0, A.indexer_wq_b, c_.act_block_size, qI.data() + i0 * nh * ID);
   for (int64_t i = i0; i < i1; ++i) {
     for (int64_t h = 0; h < nh; ++h) rope.Apply(qI.data() + (i * nh + h) * ID + ID - rd, qi.start + i, false);
     Fp4QdqUe8m0InPlace(qI.data() + i * nh * ID, nh * ID, 32);
   }
   // Head weights: BF16 weights_proj(x) × (index_head_dim^-½ · n_heads^-½), BF16.
-  std::vector<float> wts(T * nh);
+  std::vector<float>& wts = Zeroed(ws_.idx_w, T * nh);
   LinearBf16(x + (qi.row0 + i0) * d, i1 - i0, A.indexer_weights_proj, wts.data() + i0 * nh);
   const float wscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5) *
                                           std::pow(static_cast<double>(nh), -0.5));
@@ -894,7 +928,8 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
   // Index keys of the KV source (the fixed publication: always this layer's source).
   // Context parallelism: the keys stored on other ranks are gathered first
   // (parallel/context_parallel.h; the same bytes).
-  std::vector<float> keys(E * ID);
+  ReserveInSteps(ws_.idx_keys, E * ID, kGrowPositions * ID);
+  std::vector<float>& keys = Zeroed(ws_.idx_keys, E * ID);
   std::vector<uint8_t> cp_keys;
   if (St(s).sharding) {
     std::vector<PagedRowRef> refs(static_cast<size_t>(E));
@@ -915,7 +950,7 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
   const bool is_cand_source = sch.candidate_source;
   const bool uses_cand = sch.candidate_from >= 0;
   if (is_cand_source) {
-    if (cand_.size() != static_cast<size_t>(R_)) cand_.assign(R_, {});
+    cand_.resize(static_cast<size_t>(R_));  // every row's mask is (re)set below
     have_cand_ = true;
   }
   const int64_t K = std::min<int64_t>(c_.index_topk, E);
@@ -923,8 +958,13 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
   const float ninf = -std::numeric_limits<float>::infinity();
 #pragma omp parallel if(T * E * nh * ID > (int64_t{1} << 20))
   {
-    std::vector<float> score(E), hsum(nh);
-    std::vector<int64_t> idx(std::max<int64_t>(K, c_.candidate_topk_blocks));
+    thread_local std::vector<float> score, bsc;
+    thread_local std::vector<int64_t> idx;
+    ReserveInSteps(score, E, kGrowPositions);
+    ReserveInSteps(bsc, E / bs + 1, kGrowPositions);
+    ReserveInSteps(idx, std::max<int64_t>(c_.index_topk, c_.candidate_topk_blocks), 1);
+    Zeroed(score, E);
+    Zeroed(idx, std::max<int64_t>(K, c_.candidate_topk_blocks));
 #pragma omp for schedule(dynamic)
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t p = qi.start + i;
@@ -934,7 +974,10 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
       const int64_t Er = b_.per_row_layout ? V : E;
       const int64_t Kr = std::min<int64_t>(c_.index_topk, Er);
       if (Er == 0) {
-        if (is_cand_source) cand_[row].assign(E, 0);
+        if (is_cand_source) {
+          ReserveInSteps(cand_[row], E, kGrowPositions);
+          cand_[row].assign(E, 0);
+        }
         sel_[l][row].clear();
         continue;
       }
@@ -956,13 +999,14 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
         // Candidate blocks: block score = max over its positions; the newest
         // visible block forced to +inf; keep the top blocks that are not −inf.
         const int64_t nb = (Er + bs - 1) / bs;
-        std::vector<float> bsc(nb, ninf);
+        bsc.assign(static_cast<size_t>(nb), ninf);
         for (int64_t j = 0; j < Er; ++j) bsc[j / bs] = std::max(bsc[j / bs], score[j]);
         const int64_t last = V >= 1 ? (V - 1) / bs : -1;
         if (last >= 0) bsc[last] = std::numeric_limits<float>::infinity();
         const int64_t kb = std::min<int64_t>(c_.candidate_topk_blocks, nb);
         ref::TorchTopK(bsc.data(), nb, kb, /*sorted=*/true, idx.data());
         std::vector<uint8_t>& mask = cand_[row];
+        ReserveInSteps(mask, E, kGrowPositions);
         mask.assign(E, 0);
         for (int64_t t = 0; t < kb; ++t) {
           const int64_t bk = idx[t];
@@ -975,11 +1019,12 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
           if (!mask[j]) score[j] = ninf;
       }
       ref::TorchTopK(score.data(), Er, Kr, /*sorted=*/false, idx.data());
-      std::vector<int32_t> chosen;
+      std::vector<int32_t>& chosen = sel_[l][row];
+      chosen.clear();
+      ReserveInSteps(chosen, c_.index_topk, 1);
       for (int64_t t = 0; t < Kr; ++t)
         if (idx[t] < V) chosen.push_back(static_cast<int32_t>(idx[t]));
       std::sort(chosen.begin(), chosen.end());
-      sel_[l][row] = std::move(chosen);
     }
   }
   if (cp_split_) ShareSelections(l, s, is_cand_source);
@@ -1064,9 +1109,10 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
   const int k = c_.n_activated_experts;
   const int ab = c_.act_block_size;
   const float lim = c_.swiglu_limit;
-  std::vector<int32_t> idx(n * k);
-  std::vector<float> wts(n * k);
-  std::vector<const float*> bias(n, F.bias.data());  // text tokens: `bias`; image spans: `bias_vl`
+  std::vector<int32_t>& idx = Zeroed(ws_.moe_idx, n * k);
+  std::vector<float>& wts = Zeroed(ws_.moe_w, n * k);
+  std::vector<const float*>& bias = ws_.moe_bias;  // text tokens: `bias`; image spans: `bias_vl`
+  bias.assign(static_cast<size_t>(n), F.bias.data());
   for (int64_t r = 0; r < n; ++r)
     if (row_image_[r]) bias[r] = F.bias_vl.data();
   std::optional<RegionScope> router(std::in_place, Region::kRouter);
@@ -1074,11 +1120,14 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
               soft_vec_.data() + r0, idx.data(), wts.data());
   router.reset();
   // Routed experts in increasing expert id, FP32 combine (MoE.forward).
-  std::vector<float> y(n * d, 0.0f);
+  std::vector<float>& y = Zeroed(ws_.moe_y, n * d);
   auto swiglu = [&](const float* xin, int64_t m, const Fp4Linear* w1, const Fp4Linear* w3,
                     const Fp4Linear* w2, const Fp8Linear* s1, const Fp8Linear* s3,
                     const Fp8Linear* s2, const float* rw, float* out) {
-    std::vector<float> gt(m * I), up(m * I);
+    // Per thread: the routed experts run in parallel (RoutedExperts).
+    thread_local std::vector<float> gt, up;
+    Zeroed(gt, m * I);
+    Zeroed(up, m * I);
     if (w1) {
       Linear(xin, m, *w1, ab, gt.data());
       Linear(xin, m, *w3, ab, up.data());
@@ -1111,7 +1160,7 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
         swiglu(xin, m, &ew.w1, &ew.w3, &ew.w2, nullptr, nullptr, nullptr, rw, out);
       },
       y.data());
-  std::vector<float> sh(n * d);
+  std::vector<float>& sh = Zeroed(ws_.moe_sh, n * d);
   swiglu(x, n, nullptr, nullptr, nullptr, &F.shared_w1, &F.shared_w3, &F.shared_w2, nullptr, sh.data());
   for (int64_t i = 0; i < n * d; ++i) v[i] = RoundBf16(y[i] + sh[i]);
   if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size()) && r0 == 0 && r1 == R_) {
@@ -1127,7 +1176,8 @@ void ForwardPass::Head() {
   RegionScope region(Region::kHead);
   const int hc = c_.hc_mult;
   const int64_t d = c_.dim, V = c_.vocab_size;
-  std::vector<int64_t> rows;
+  std::vector<int64_t>& rows = ws_.head_rows;
+  rows.clear();
   out_->row_seq.clear();
   out_->row_pos.clear();
   for (size_t s = 0; s < seq_.size(); ++s) {
@@ -1145,7 +1195,9 @@ void ForwardPass::Head() {
   out_->logits.assign(static_cast<size_t>(m * V), 0.0f);
   if (m == 0) return;
   // Final collapse with the last `pre`, norm, FP32 head (model-spec §3.3.1).
-  std::vector<float> Xs(m * hc * d), pre(m * hc), y(m * d);
+  std::vector<float>& Xs = Zeroed(ws_.head_X, m * hc * d);
+  std::vector<float>& pre = Zeroed(ws_.head_pre, m * hc);
+  std::vector<float>& y = Zeroed(ws_.head_y, m * d);
   for (int64_t i = 0; i < m; ++i) {
     std::memcpy(Xs.data() + i * hc * d, X_.data() + rows[i] * hc * d, hc * d * sizeof(float));
     std::memcpy(pre.data() + i * hc, pre_in_.data() + rows[i] * hc, hc * sizeof(float));

@@ -28,6 +28,7 @@
 // against its own KV source's index keys.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -47,6 +48,7 @@ namespace deepinfer::v41 {
 struct ModelWeights;
 class EngramHasher;
 struct Tables;
+struct StepWorkspace;
 
 struct V41Options {
   // Engram compressed token map (model-spec §3.3.2), one int32 per token id.
@@ -85,6 +87,10 @@ struct V41Options {
   // Error(kInvalidArgument) naming --fp8-format when the checkpoint has no
   // F8_E4M3 tensor or a scale cannot be raised.
   Fp8Format fp8_format = Fp8Format::kE4M3FN;
+  // true (default): the buffers of a Forward call are kept and reused by the
+  // next (model/v41/workspace.h), so a steady-state decode step allocates
+  // nothing. false: a fresh workspace per call (the eager path; same bits).
+  bool reuse_step_workspace = true;
 };
 
 // One sequence's chunk in a Forward call.
@@ -212,6 +218,10 @@ class V41Model {
   std::unique_ptr<ModelWeights> w_;
   std::unique_ptr<EngramHasher> engram_;
   std::unique_ptr<Tables> tables_;
+  // The step workspace reused by Forward calls (V41Options::reuse_step_workspace;
+  // null: a fresh one per call) and whether a call is using it now.
+  std::unique_ptr<StepWorkspace> ws_;
+  std::atomic<bool> ws_busy_{false};
   Communicator* comm_ = nullptr;  // null or size 1: one process
   Communicator* cp_comm_ = nullptr;  // context parallelism (V41Options::context_parallel)
   ExpertShard shard_;
