@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers with libFuzzer + AddressSanitizer + UBSan.
 #
-# Usage: ./scripts/fuzz.sh [--runs N | --seconds S] [TARGET...]
+# Usage: ./scripts/fuzz.sh [--runs N | --seconds S] [--seed S] [TARGET...]
 #   --runs N     executions per target (default 1000000)
 #   --seconds S  time per target instead
+#   --seed S     libFuzzer's random seed (default 0: a new one each run; CI uses a
+#                fixed one so that its short run is the same every time)
 #   TARGET       http_request (whole raw requests: the transport's parser, then the
 #                completions/chat schemas), request_schema (completions, chat and
 #                tokenize bodies + responses), chat_render (the V4/V4.1 renderer +
@@ -24,10 +26,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LIMIT=(-runs=1000000)
+SEED=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) LIMIT=(-runs="$2"); shift 2 ;;
     --seconds) LIMIT=(-max_total_time="$2"); shift 2 ;;
+    --seed) SEED="$2"; shift 2 ;;
     [0-9]*) LIMIT=(-max_total_time="$1"); shift ;;  # old form: SECONDS
     *) break ;;
   esac
@@ -91,7 +95,7 @@ for t in "${TARGETS[@]}"; do
   echo "== fuzzing $t (${LIMIT[*]})"
   set +e
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    "$BUILD/${t}_fuzz" "${LIMIT[@]}" -max_len=8192 -timeout=30 -rss_limit_mb=2048 -print_final_stats=1 \
+    "$BUILD/${t}_fuzz" "${LIMIT[@]}" -seed="$SEED" -max_len=8192 -timeout=30 -rss_limit_mb=2048 -print_final_stats=1 \
     "${dict[@]}" -artifact_prefix="$BUILD/artifacts/$t-" \
     "$corpus" "$seeds" "fuzz/corpus/$t" >"$BUILD/$t.log" 2>&1
   rc=$?
