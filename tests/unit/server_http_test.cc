@@ -373,7 +373,13 @@ TEST(HttpHardening, ChunkedBodiesAreReadWithinTheLimit) {
 }
 
 TEST(HttpHardening, KeepAlivePipeliningAndExpectContinue) {
-  ServerFixture f;
+  // Not a timeout test: generous timeouts keep it deterministic on a loaded
+  // machine under TSan (the 5 s default keep-alive once closed the connection
+  // between the pipelined answers and the 100-continue request).
+  ServerOptions o;
+  o.timeout_header_s = 120;
+  o.timeout_keep_alive_s = 120;
+  ServerFixture f(o);
   ASSERT_TRUE(f.WaitReady());
   // Two pipelined requests on one connection: two answers, in order.
   const int fd = Connect(f.port());
@@ -393,10 +399,12 @@ TEST(HttpHardening, KeepAlivePipeliningAndExpectContinue) {
   const std::string body = R"({"prompt":"three"})";
   ASSERT_TRUE(SendAll(fd, "POST /tokenize HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: " +
                               std::to_string(body.size()) + "\r\n\r\n"));
-  const std::string cont = RecvUntil(fd, 5000, [](const std::string& s) { return s.find("\r\n\r\n") != std::string::npos; });
-  EXPECT_EQ(cont, "HTTP/1.1 100 Continue\r\n\r\n");
+  const std::string cont = RecvUntil(fd, 60000, [](const std::string& s) { return s.find("\r\n\r\n") != std::string::npos; });
+  EXPECT_EQ(cont, "HTTP/1.1 100 Continue\r\n\r\n")
+      << "idle timeouts " << f.server().http_counters().idle_timeouts << ", header timeouts "
+      << f.server().http_counters().header_timeouts << ", body timeouts " << f.server().http_counters().body_timeouts;
   ASSERT_TRUE(SendAll(fd, body));
-  const std::string third = RecvUntil(fd, 5000, HasWholeResponse);
+  const std::string third = RecvUntil(fd, 60000, HasWholeResponse);
   ASSERT_EQ(third.rfind("HTTP/1.1 200", 0), 0u) << third;
   EXPECT_EQ(json::parse(third.substr(third.find("\r\n\r\n") + 4))["tokens"].get<std::vector<int32_t>>(),
             SharedTokenizer().Encode("three"));
