@@ -13,6 +13,7 @@
 #include "kernels/ref/ref_ops.h"
 #include "vision/image.h"
 #include "vision/vit_attn.h"
+#include "vision/vit_linear.h"
 
 namespace deepinfer::vision {
 namespace {
@@ -48,7 +49,9 @@ VisionLinear Linear(const TensorStore& store, const std::string& prefix, int64_t
   l.in = in;
   l.w = Bf16(store, prefix + ".weight", {out, in});
   if (bias) l.bias = ToFloat(Bf16(store, prefix + ".bias", {out}));
-  l.packed = cpu::PackBf16({l.w.data(), out, in});
+  l.wT.resize(static_cast<size_t>(out * in));
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) l.wT[i * out + o] = Bf16ToFloat(l.w[o * in + i]);
   return l;
 }
 
@@ -136,7 +139,10 @@ float TorchGelu(float x) {
 }  // namespace
 
 void VisionLinearForward(const float* x, int64_t M, const VisionLinear& l, float* y) {
-  cpu::LinearF32Bf16W(x, M, l.packed, y);
+  if (l.transposed_input)
+    VitLinearRowsSum4(x, M, l.in, l.wT.data(), l.out, y);
+  else
+    VitLinearRows(x, M, l.in, l.wT.data(), l.out, y);
   const int64_t N = l.out;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
@@ -174,6 +180,9 @@ std::unique_ptr<VisionTower> VisionTower::Bind(const TensorStore& store, const M
   t->norm_ = Bf16(store, "vision.norm.weight", {D});
   t->aligner_w1_ = Linear(store, "aligner.w1", d, D * r * r, true);
   t->aligner_w2_ = Linear(store, "aligner.w2", d, d, true);
+  // The reference's aligner input is the transposed unfold (a strided view): torch's GEMM
+  // takes its transposed-operand path there (vit_linear.h).
+  t->aligner_w1_.transposed_input = true;
   t->image_start_ = ToFloat(Bf16(store, "image_start", {d}));
   t->image_end_ = ToFloat(Bf16(store, "image_end", {d}));
   t->image_newline_ = ToFloat(Bf16(store, "image_newline", {d}));

@@ -30,7 +30,6 @@
 #include <vector>
 
 #include "format/safetensors.h"
-#include "kernels/cpu/cpu_ops.h"
 #include "model/config.h"
 
 namespace deepinfer::vision {
@@ -40,7 +39,8 @@ struct VisionLinear {
   std::vector<uint16_t> w;      // [out, in] BF16 bits (owned copy)
   std::vector<float> bias;      // [out] BF16 values as FP32 (empty: no bias)
   int64_t out = 0, in = 0;
-  cpu::PackedBf16 packed;
+  std::vector<float> wT;        // [in, out] the weight transposed, as FP32 (vit_linear.h)
+  bool transposed_input = false;  // the reference's input is a transposed view (aligner w1)
 };
 
 struct VisionBlockWeights {
