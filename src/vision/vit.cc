@@ -13,6 +13,7 @@
 #include "kernels/ref/ref_ops.h"
 #include "vision/image.h"
 #include "vision/vit_attn.h"
+#include "vision/vit_linear.h"
 
 namespace deepinfer::vision {
 namespace {
@@ -48,37 +49,71 @@ VisionLinear Linear(const TensorStore& store, const std::string& prefix, int64_t
   l.in = in;
   l.w = Bf16(store, prefix + ".weight", {out, in});
   if (bias) l.bias = ToFloat(Bf16(store, prefix + ".bias", {out}));
-  l.packed = cpu::PackBf16({l.w.data(), out, in});
+  l.wT.resize(static_cast<size_t>(out * in));
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) l.wT[i * out + o] = Bf16ToFloat(l.w[o * in + i]);
   return l;
 }
 
-// Softmax of one row as torch's float lastdim kernel (AVX2 dispatch: 8 lanes):
-// max, exp(x − max) with SLEEF exp, the 8-lane reduce_all sum, × (1/sum).
-void TorchSoftmaxRow(float* x, int64_t n) {
-  float mx = x[0];
-  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
-  for (int64_t i = 0; i < n; ++i) x[i] = ref::SleefExpf(x[i] - mx);
-  float sum;
-  if (n < 8) {
-    // vec_reduce_all over a partial vector: lanes added in order.
-    sum = x[0];
-    for (int64_t i = 1; i < n; ++i) sum += x[i];
-  } else {
-    float acc[8];
-    for (int l = 0; l < 8; ++l) acc[l] = x[l];
-    int64_t d = 8;
-    for (; d < n - (n % 8); d += 8)
-      for (int l = 0; l < 8; ++l) acc[l] += x[d + l];
-    for (int l = 0; d + l < n; ++l) acc[l] += x[d + l];
-    // vec_reduce_all (AVX2): halves, then pairs, then neighbours.
-    float b[4], c[2];
-    for (int l = 0; l < 4; ++l) b[l] = acc[l] + acc[l + 4];
-    c[0] = b[0] + b[2];
-    c[1] = b[1] + b[3];
-    sum = c[0] + c[1];
+float BitsToFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// ATen's Vectorized<float>::fexp_u20 (AVX2 form, one lane): 2^(x·log2 e) with
+// the fraction's correction from a cubic in Horner form (FMAs), the exponent
+// bits formed by fma(2^23, ·, 127·2^23) and truncated to an integer. Relative
+// error about 1e-4: the value the CPU flash kernel rounds to BF16 for P·V.
+float TorchFexpU20(float x) {
+  const float log2e = BitsToFloat(0x3fb8aa3bu), ln_min = BitsToFloat(0xc2aeac50u), ln_max = BitsToFloat(0x42b17218u);
+  if (x < ln_min) return 0.0f;
+  if (x > ln_max) return INFINITY;
+  const float c0 = 0.00010703434948458272f, c1 = 0.30354260500649682f, c2 = static_cast<float>(-0.22433836478672356),
+              c3 = static_cast<float>(-0.079204240219773236);
+  float src = x * log2e;
+  const float frac = src - std::floor(src);
+  float r = std::fma(frac, c3, c2);
+  r = std::fma(frac, r, c1);
+  r = std::fma(frac, r, c0);
+  src = src - r;
+  const float t = std::fma(8388608.0f, src, 8388608.0f * 127.0f);
+  const int32_t bits = static_cast<int32_t>(t);  // cvttps: truncation
+  float y;
+  std::memcpy(&y, &bits, 4);
+  return y;
+}
+
+// One query row of torch's CPU flash attention for BF16 inputs
+// (FlashAttentionKernel.cpp, one kv block since n <= 512): s = (q·k)·scale in
+// FP32, e = exp(s − max) with fexp_u20 over the first n − n%8 keys (a 16-wide
+// loop of two 8-lane halves, then one 8-lane step) and std::exp on the scalar
+// tail, sum = the lane sums (half 0 + 8-lane step, + half 1, AVX2
+// reduce_all) plus the tail in order; e is rounded to BF16 in place (the P of
+// P·V). Returns 1/sum.
+float TorchFlashRow(float* s, int64_t n, float scale) {
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = s[j] * scale;
+    mx = std::max(mx, s[j]);
   }
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < n; ++i) x[i] = x[i] * inv;
+  const int64_t n16 = n - n % 16, n8 = n - n % 8;
+  for (int64_t j = 0; j < n; ++j) s[j] = j < n8 ? TorchFexpU20(s[j] - mx) : std::exp(s[j] - mx);
+  float v0[8] = {}, v1[8] = {}, vt[8] = {};
+  for (int64_t d = 0; d < n16; d += 16)
+    for (int l = 0; l < 8; ++l) {
+      v0[l] += s[d + l];
+      v1[l] += s[d + 8 + l];
+    }
+  for (int64_t d = n16; d < n8; d += 8)
+    for (int l = 0; l < 8; ++l) vt[l] += s[d + l];
+  float a[8], b[4];
+  for (int l = 0; l < 8; ++l) a[l] = (v0[l] + vt[l]) + v1[l];
+  for (int l = 0; l < 4; ++l) b[l] = a[l] + a[l + 4];
+  float sum = (b[0] + b[2]) + (b[1] + b[3]);
+  for (int64_t j = n8; j < n; ++j) sum += s[j];
+  for (int64_t j = 0; j < n; ++j) s[j] = RoundBf16(s[j]);
+  return 1.0f / sum;
 }
 
 // Torch's vectorised erf (AVX2 Vectorized<float>::erf): Abramowitz–Stegun
@@ -104,7 +139,10 @@ float TorchGelu(float x) {
 }  // namespace
 
 void VisionLinearForward(const float* x, int64_t M, const VisionLinear& l, float* y) {
-  cpu::LinearF32Bf16W(x, M, l.packed, y);
+  if (l.transposed_input)
+    VitLinearRowsSum4(x, M, l.in, l.wT.data(), l.out, y);
+  else
+    VitLinearRows(x, M, l.in, l.wT.data(), l.out, y);
   const int64_t N = l.out;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
@@ -142,6 +180,9 @@ std::unique_ptr<VisionTower> VisionTower::Bind(const TensorStore& store, const M
   t->norm_ = Bf16(store, "vision.norm.weight", {D});
   t->aligner_w1_ = Linear(store, "aligner.w1", d, D * r * r, true);
   t->aligner_w2_ = Linear(store, "aligner.w2", d, d, true);
+  // The reference's aligner input is the transposed unfold (a strided view): torch's GEMM
+  // takes its transposed-operand path there (vit_linear.h).
+  t->aligner_w1_.transposed_input = true;
   t->image_start_ = ToFloat(Bf16(store, "image_start", {d}));
   t->image_end_ = ToFloat(Bf16(store, "image_end", {d}));
   t->image_newline_ = ToFloat(Bf16(store, "image_newline", {d}));
@@ -167,13 +208,13 @@ std::vector<float> VisionTower::Vit(const float* patches, int nh, int nw) const 
         cs[i * half + axis * (R / 2) + j] = std::cos(ang);
         sn[i * half + axis * (R / 2) + j] = std::sin(ang);
       }
-  const float s = static_cast<float>(std::sqrt(1.0 / std::sqrt(static_cast<double>(hd))));
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
 
   std::vector<float> qs(n * D), ks(n * D), vv(n * D), kt(n * D), scores(n), orow(hd);
   for (const VisionBlockWeights& b : blocks_) {
     ref::RmsNorm(x.data(), n, D, b.norm1.data(), 1e-6f, h.data());
     VisionLinearForward(h.data(), n, b.wqkv, qkv.data());
-    // q, k rotated (FP32, rounded to BF16), then scaled in FP32 for the math SDPA.
+    // q, k rotated (FP32, rounded to BF16); the flash kernel scales the scores.
     for (int64_t i = 0; i < n; ++i)
       for (int64_t hh = 0; hh < H; ++hh)
         for (int part = 0; part < 3; ++part) {
@@ -186,8 +227,8 @@ std::vector<float> VisionTower::Vit(const float* patches, int nh, int nw) const 
           for (int64_t j = 0; j < half; ++j) {
             const float x1 = src[j], x2 = src[j + half], c = cs[i * half + j], sv = sn[i * half + j];
             const float a1 = x1 * c, b1 = x2 * sv, a2 = x2 * c, b2 = x1 * sv;
-            dst[j] = RoundBf16(a1 - b1) * s;
-            dst[j + half] = RoundBf16(a2 + b2) * s;
+            dst[j] = RoundBf16(a1 - b1);
+            dst[j + half] = RoundBf16(a2 + b2);
           }
         }
     // Keys transposed per head, [H][hd][n], so that the score loop runs one lane per key.
@@ -198,10 +239,10 @@ std::vector<float> VisionTower::Vit(const float* patches, int nh, int nw) const 
     for (int64_t hh = 0; hh < H; ++hh)
       for (int64_t i = 0; i < n; ++i) {
         VitScoresRow(qs.data() + i * D + hh * hd, kt.data() + hh * hd * n, n, hd, scores.data());
-        TorchSoftmaxRow(scores.data(), n);
+        const float inv_sum = TorchFlashRow(scores.data(), n, scale);
         VitPvRow(scores.data(), vv.data() + hh * hd, n, hd, D, orow.data());
         float* out = o.data() + i * D + hh * hd;
-        for (int64_t e = 0; e < hd; ++e) out[e] = RoundBf16(orow[e]);
+        for (int64_t e = 0; e < hd; ++e) out[e] = RoundBf16(orow[e] * inv_sum);
       }
     VisionLinearForward(o.data(), n, b.wo, h.data());
     for (int64_t i = 0; i < n * D; ++i) x[i] = RoundBf16(x[i] + h[i]);

@@ -10,14 +10,20 @@
 //   aligner: pad the [n_vit_h, n_vit_w] grid to multiples of r, r×r unfold
 //            (feature c·r² + dy·r + dx), w2(gelu(w1(·))) (exact erf GELU)
 //
-// Linears: FP32 accumulation of exact BF16 products in increasing k (the fast
-// kernels of kernels/cpu, bit-identical to kernels/ref), the BF16 bias added
-// to the FP32 sum, one rounding to BF16. Attention is torch's math SDPA in
-// FP32: q·s and k·s with s = fl32(sqrt(1/sqrt(head_dim))), sequential dot
-// products (Highway, one lane per output value: vit_attn.h), softmax with
-// SLEEF exp and torch's 8-lane sum, P·V sequential in the key index, BF16
-// output. Rotary: FP32 tables (θ_j = 1/θ^(2j/R), SLEEF
-// pow; glibc cos/sin), rotate-half over the whole head, result rounded to BF16.
+// Every FP32 operation is the one the reference's CPU kernels perform (torch
+// 2.14, AVX2 dispatch; docs/vision.md, "Bit-identical ViT"), so the outputs are
+// bit-identical to the golden vectors:
+//   linears: the dot products of torch's BF16 GEMM fallback (vit_linear.h:
+//     ATen's 8×8-register dot, or its 4-partial-sum dot for the aligner's
+//     transposed unfold input), the BF16 bias added to the FP32 sum, one
+//     rounding to BF16;
+//   attention: torch's CPU flash kernel for BF16 (one kv block): scores q·k of
+//     the rotated BF16 q, k (FP32, sequential, vit_attn.h) × fl32(1/√head_dim),
+//     e = exp(s − max) with ATen's fexp_u20 (std::exp on the n mod 8 tail), the
+//     FP32 sum of the unrounded e in torch's lane order, P = BF16(e), P·V in
+//     FP32 (sequential in the key index), × (1/sum), one rounding to BF16;
+//   rotary: FP32 tables (θ_j = 1/θ^(2j/R), SLEEF pow; glibc cos/sin),
+//     rotate-half over the whole head, result rounded to BF16.
 //
 // Every row's arithmetic has a fixed order, so the output does not depend on
 // the thread count. Thread-safe for concurrent Forward calls (weights are
@@ -30,7 +36,6 @@
 #include <vector>
 
 #include "format/safetensors.h"
-#include "kernels/cpu/cpu_ops.h"
 #include "model/config.h"
 
 namespace deepinfer::vision {
@@ -40,7 +45,8 @@ struct VisionLinear {
   std::vector<uint16_t> w;      // [out, in] BF16 bits (owned copy)
   std::vector<float> bias;      // [out] BF16 values as FP32 (empty: no bias)
   int64_t out = 0, in = 0;
-  cpu::PackedBf16 packed;
+  std::vector<float> wT;        // [in, out] the weight transposed, as FP32 (vit_linear.h)
+  bool transposed_input = false;  // the reference's input is a transposed view (aligner w1)
 };
 
 struct VisionBlockWeights {
@@ -83,7 +89,8 @@ class VisionTower {
   std::vector<float> image_start_, image_end_, image_newline_;
 };
 
-// One linear of the tower: y [M, out] = bf16(Σ_k x·W + bias) (see above).
+// One linear of the tower: y [M, out] = bf16(Σ_k x·W + bias), the sum in torch's order
+// (vit_linear.h; transposed_input selects the aligner-w1 form). x: [M, in] FP32 (BF16 values).
 void VisionLinearForward(const float* x, int64_t M, const VisionLinear& l, float* y);
 
 }  // namespace deepinfer::vision

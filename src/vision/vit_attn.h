@@ -16,8 +16,9 @@ namespace deepinfer::vision {
 void VitScoresRow(const float* q, const float* kT, int64_t n, int64_t hd, float* scores);
 
 // out[e] = Σ_{j=0..n−1} p[j]·v[j·ldv + e] for e in [0, hd), summed in
-// increasing j starting from 0. p: [n] FP32 (softmax probabilities); v: the
-// head's values, row j at v + j·ldv (ldv >= hd); out: [hd] FP32 (unrounded).
+// increasing j starting from 0. p: [n] FP32 (the flash kernel's BF16-rounded
+// unnormalised exps); v: the head's values, row j at v + j·ldv (ldv >= hd);
+// out: [hd] FP32 (unrounded).
 void VitPvRow(const float* p, const float* v, int64_t n, int64_t hd, int64_t ldv, float* out);
 
 }  // namespace deepinfer::vision

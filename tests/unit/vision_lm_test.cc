@@ -3,11 +3,13 @@
 // (tests/data/vision/tokenwise_*, from the shared tiny-v41-vision-tokenwise
 // vectors): embeddings overridden at span positions, `gate.bias_vl` routing
 // and Engram DEAD positions; last-position logits bit-identical, the 8 greedy
-// tokens equal. The span embeddings are the golden merged stream (the ViT is
-// not bit-identical yet, docs/vision.md); vision_test checks that our span
-// assembly reproduces those rows from the golden aligner output.
+// tokens equal. The span embeddings are the golden merged stream, and then our
+// own tower's span rows from the golden patches (vision_test checks the tower
+// stage by stage).
 // Needs DEEPINFER_TINY_VISION_DIR (skipped without it).
+#include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,7 +21,10 @@
 
 #include "base/error.h"
 #include "model/state.h"
+#include "format/safetensors.h"
+#include "model/config.h"
 #include "model/v41/model.h"
+#include "vision/vit.h"
 
 namespace deepinfer::v41 {
 namespace {
@@ -153,6 +158,37 @@ TEST_F(VisionLm, TokenwiseLogitsBitIdenticalAndGreedyTokensEqual) {
       }
       EXPECT_EQ(gen, P["generated"].get<std::vector<int>>());
     }
+  }
+}
+
+// The whole image path from the golden patches: our ViT, aligner and span assembly give the span
+// rows, the language model the token-wise golden's last-position logits, bit for bit.
+TEST_F(VisionLm, OwnTowerSpanGivesTokenwiseGoldenLogits) {
+  const std::string dir = VisionDir();
+  const std::unique_ptr<TensorStore> store = TensorStore::Open(dir);
+  const ModelConfig cfg = ModelConfig::Load(dir);
+  const std::unique_ptr<vision::VisionTower> tower = vision::VisionTower::Bind(*store, cfg);
+  const int grid[2][2] = {{6, 9}, {5, 8}};
+  for (int k = 0; k < 2; ++k) {
+    SCOPED_TRACE("case " + std::to_string(k));
+    const json& P = Golden()["prompts"][k];
+    const std::vector<int32_t> ids = P["prompt"].get<std::vector<int32_t>>();
+    std::vector<int8_t> types;
+    for (int t : P["token_types"].get<std::vector<int>>()) types.push_back(static_cast<int8_t>(t));
+    const std::string c = "case" + std::to_string(k) + "_";
+    std::vector<float> embeds = ReadF32(kData / "vision" / (c + "merged_embed.f32"));
+    const std::vector<float> patches = ReadF32(kData / "vision" / (c + "patches.f32"));
+    const std::vector<float> span = tower->SpanEmbeddings(patches.data(), grid[k][0], grid[k][1], 2, 3);
+    ASSERT_EQ(span.size(), 10u * 64);
+    std::copy(span.begin(), span.end(), embeds.begin() + 2 * 64);  // positions 2..11: the image span
+    const std::vector<float> want = ReadF32(kData / "vision" / ("tokenwise_case" + std::to_string(k) + "_last.f32"));
+    Seq s = NewSeq(64);
+    const std::vector<float> lg = Prefill(s, ids, types, embeds, 19);
+    ASSERT_EQ(lg.size(), want.size());
+    int64_t diff = 0;
+    for (size_t i = 0; i < lg.size(); ++i) diff += std::memcmp(&lg[i], &want[i], 4) != 0;
+    EXPECT_EQ(diff, 0) << "logits differing from the token-wise golden";
+    EXPECT_EQ(Argmax(lg), P["generated"][0].get<int>());
   }
 }
 
