@@ -8,7 +8,8 @@
 
 namespace deepinfer {
 
-StateGeometry StateGeometry::FromConfig(const ModelConfig& cfg, int64_t block_size, bool window_history) {
+StateGeometry StateGeometry::FromConfig(const ModelConfig& cfg, int64_t block_size, bool window_history,
+                                        bool drafter_rings) {
   if (block_size <= 0)
     Fail(ErrorKind::kInvalidArgument, "state block size {} must be positive", block_size);
   StateGeometry g;
@@ -69,6 +70,10 @@ StateGeometry StateGeometry::FromConfig(const ModelConfig& cfg, int64_t block_si
     ik.regions.push_back({l, cfg.index_head_dim * 2, block_size / r});
     if (r > 1) carry.regions.push_back({l, cfg.head_dim * 2 * 4, r - 1});
   }
+  // DSpark rings (model-spec §3.3.6): written by the drafter only.
+  if (drafter_rings && cfg.dspark_block_size > 0)
+    for (int l = cfg.n_layers; l < cfg.n_layers + cfg.n_mtp_layers; ++l)
+      win.regions.push_back({l, cfg.head_dim * 2, cfg.window_size});
   if (!cfg.engram_layer_ids.empty())
     eng.regions.push_back({-1, 4, std::max(1, cfg.engram_max_ngram_size - 1)});
   return g;

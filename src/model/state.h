@@ -10,7 +10,9 @@
 //                head_dim values (the RoPE'd, FP8-QDQ'd window K=V, stored as
 //                BF16 bits; QDQ values are exact in BF16). Row of absolute
 //                position p is ring slot p % window_size. Fixed size per
-//                sequence → addressed by the sequence's `slot`.
+//                sequence → addressed by the sequence's `slot`. With the
+//                DSpark drafter on (FromConfig's drafter_rings) the DSpark
+//                blocks n_layers .. n_layers+n_mtp_layers−1 have rings too.
 //   kCompressedKv  every KV-source layer: one row of head_dim BF16 per
 //                compressed position j (FP4-QDQ'd values, exact in BF16).
 //                Grows with the sequence → paged by `block_table`.
@@ -88,7 +90,13 @@ struct StateGeometry {
   // Builds the geometry from a config. Throws kInvalidArgument if block_size
   // is not a positive multiple of every KV-source layer's compress ratio.
   // window_history adds the kWindowHistory kind (prefix caching).
-  static StateGeometry FromConfig(const ModelConfig& cfg, int64_t block_size, bool window_history = false);
+  // drafter_rings (V4.1 with DSpark, model-spec §3.3.6 and §5.1): kWindow also
+  // gets one ring per DSpark block, regions of layers n_layers ..
+  // n_layers + n_mtp_layers − 1 (window_size rows of head_dim BF16, slot p %
+  // window_size, the K of main_x at position p); ignored for V4 (its MTP ring
+  // is always there) and for a config without DSpark.
+  static StateGeometry FromConfig(const ModelConfig& cfg, int64_t block_size, bool window_history = false,
+                                  bool drafter_rings = false);
   bool has_window_history() const { return !of(StateKind::kWindowHistory).regions.empty(); }
   const StateKindGeometry& of(StateKind k) const { return kinds[static_cast<int>(k)]; }
   // Paged blocks a sequence of `num_tokens` tokens needs: ceil(num_tokens / block_size).

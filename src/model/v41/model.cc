@@ -38,57 +38,13 @@
 #include "kernels/ref/ref_math.h"
 #include "kernels/ref/ref_ops.h"
 #include "model/v41/engram.h"
+#include "model/v41/kernels.h"
 #include "model/v41/workspace.h"
 #include "parallel/context_parallel.h"
 #include "parallel/sharded_rows.h"
 #include "model/v41/weights.h"
 
 namespace deepinfer::v41 {
-
-namespace {
-
-// Linears and the vectorised non-GEMM ops: the fast CPU kernel when the weight
-// was repacked at load (bit-identical, kernels/cpu/cpu_ops.h), else the
-// scalar reference operator.
-void Linear(const float* x, int64_t M, const Fp8Linear& w, int ab, float* y) {
-  if (w.packed) cpu::LinearFp8(x, M, *w.packed, ab, y, w.act_format);
-  else ref::LinearFp8(x, M, w.w, ab, y, w.act_format);
-}
-void Linear(const float* x, int64_t M, const Fp4Linear& w, int ab, float* y) {
-  if (w.packed) cpu::LinearFp4(x, M, *w.packed, ab, y, w.act_format);
-  else ref::LinearFp4(x, M, w.w, ab, y, w.act_format);
-}
-void LinearBf16(const float* x, int64_t M, const Bf16Tensor& w, float* y) {
-  if (w.packed) cpu::LinearBf16(x, M, *w.packed, y);
-  else ref::LinearBf16(x, M, w.weight(), y);
-}
-void LinearF32Bf16W(const float* x, int64_t M, const Bf16Tensor& w, float* y) {
-  if (w.packed) cpu::LinearF32Bf16W(x, M, *w.packed, y);
-  else ref::LinearF32Bf16W(x, M, w.weight(), y);
-}
-void GroupedLinearBf16(const float* o, int64_t M, int groups, const Bf16Tensor& wa, float* z) {
-  if (wa.packed) cpu::GroupedLinearBf16(o, M, groups, *wa.packed, z);
-  else ref::GroupedLinearBf16(o, M, groups, wa.weight(), z);
-}
-void HcMixes(const float* X, int64_t M, int hc, int64_t d, const F32Tensor& fn, const float* base,
-             const float* scale, float norm_eps, int sinkhorn_iters, float hc_eps, const int32_t* sig_vec,
-             float* pre, float* post, float* comb) {
-  if (fn.packed)
-    cpu::HcMixes(X, M, hc, d, *fn.packed, base, scale, norm_eps, sinkhorn_iters, hc_eps, sig_vec, pre, post, comb);
-  else
-    ref::HcMixes(X, M, hc, d, fn.data(), base, scale, norm_eps, sinkhorn_iters, hc_eps, sig_vec, pre, post, comb);
-}
-void Router(const float* x, int64_t M, const Bf16Tensor& gate, const float* const* bias, int topk, float gate_temp,
-            bool norm_topk_prob, float route_scale, const int32_t* softplus_vec, int32_t* indices, float* weights) {
-  if (gate.packed)
-    cpu::Router(x, M, *gate.packed, bias, topk, gate_temp, norm_topk_prob, route_scale, softplus_vec, indices,
-                weights);
-  else
-    ref::Router(x, M, gate.weight(), bias, topk, gate_temp, norm_topk_prob, route_scale, softplus_vec, indices,
-                weights);
-}
-
-}  // namespace
 
 struct Tables {
   ref::RopeTable rope_swa;       // ratio 0: rope_theta, no YaRN
@@ -225,6 +181,7 @@ class ForwardPass {
   bool cp_split_ = false;      // this step splits its rows over the CP ranks
   int64_t cp_r0_ = 0, cp_r1_ = 0;  // this rank's rows [cp_r0_, cp_r1_) of the step
   void Head();
+  void DsparkCapture(int l);
   void Record(int l, bool block_done);
 
   // State row accessors (memcpy: the pool's alignment is the caller's business).
@@ -323,7 +280,9 @@ void ForwardPass::Validate() {
       Fail(ErrorKind::kInvalidArgument, "Forward: sequence {} has no state view (pools/geometry/slot)", s);
     const StateGeometry& g = *q.state.geometry;
     const auto& wr = g.of(StateKind::kWindow).regions;
-    if (wr.size() != static_cast<size_t>(c_.n_layers) || wr[0].row_bytes != c_.head_dim * 2 ||
+    const bool dspark_rings = wr.size() == static_cast<size_t>(c_.n_layers + c_.n_mtp_layers) &&
+                              c_.dspark_block_size > 0;
+    if ((wr.size() != static_cast<size_t>(c_.n_layers) && !dspark_rings) || wr[0].row_bytes != c_.head_dim * 2 ||
         wr[0].rows_per_block != c_.window_size)
       Fail(ErrorKind::kInvalidArgument,
            "Forward: sequence {}: state geometry does not match the model (window regions {}, expected {} of {} "
@@ -465,6 +424,7 @@ void ForwardPass::Run() {
   sel_.resize(c_.n_layers);  // each layer's rows are (re)set by Attention
   for (int l = 0; l < c_.n_layers; ++l) {
     if (w_.layers[l].has_engram) Engram(l);
+    if (c_.layers[l].dspark_target) DsparkCapture(l);
     Block(l);
   }
   Head();
@@ -1167,6 +1127,32 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
     const SeqInfo& q = seq_[m_.debug_seq_];
     m_.debug_->router_indices[l].assign(idx.begin() + q.row0 * k, idx.begin() + (q.row0 + q.T) * k);
     m_.debug_->router_weights[l].assign(wts.begin() + q.row0 * k, wts.begin() + (q.row0 + q.T) * k);
+  }
+}
+
+// ------------------------------------------------------------------ DSpark capture
+
+// main_hidden (model-spec §3.3.1, §3.3.6): the mean over the streams of the
+// layer's input, BF16 (torch's bf16 mean: FP32 sum in stream order, ÷ hc),
+// into columns [t·dim, (t+1)·dim) for the layer's rank t among the targets.
+void ForwardPass::DsparkCapture(int l) {
+  const int hc = c_.hc_mult;
+  const int64_t d = c_.dim;
+  int t = 0;
+  for (int x : c_.dspark_target_layer_ids) t += x < l;
+  const int64_t width = static_cast<int64_t>(c_.dspark_target_layer_ids.size()) * d;
+  for (size_t s = 0; s < seq_.size(); ++s) {
+    float* cap = b_.seqs[s].dspark_hidden;
+    if (!cap) continue;
+    for (int64_t i = 0; i < seq_[s].T; ++i) {
+      const float* X = X_.data() + (seq_[s].row0 + i) * hc * d;
+      float* dst = cap + i * width + t * d;
+      for (int64_t c = 0; c < d; ++c) {
+        float acc = 0.0f;
+        for (int j = 0; j < hc; ++j) acc += X[j * d + c];
+        dst[c] = RoundBf16(acc / static_cast<float>(hc));
+      }
+    }
   }
 }
 

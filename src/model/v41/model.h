@@ -1,6 +1,6 @@
 // deepinfer/model/v41/model.h — the DeepSeek-V4.1 (`deepseek_v41`) text
-// forward pass on CPU: model-spec §3.1, §3.3 (without DSpark §3.3.6 and vision
-// §3.3.7), §4 and the pitfalls of §9. Golden-exact against DeepSeek's official
+// forward pass on CPU: model-spec §3.1, §3.3 (vision §3.3.7 in vision/, the
+// DSpark drafter §3.3.6 in v41/dspark.h), §4 and the pitfalls of §9. Golden-exact against DeepSeek's official
 // reference (tests/unit/v41_golden_test.cc).
 //
 // One Forward call runs a batch of sequences, each with a chunk of new tokens
@@ -114,6 +114,11 @@ struct ForwardSeq {
   // — the values the carry would hold had the chunk ended after that row, so
   // the caller can roll the carry back to any row without recomputing.
   float* carry_capture = nullptr;
+  // Optional (the DSpark drafter, model-spec §3.3.6 and v41/dspark.h):
+  // receives main_hidden of every row, [len][n_targets·dim] — for each
+  // dspark_target_layer_ids layer in ascending order, the mean over the hc
+  // streams of that layer's input (after Engram), BF16 values as FP32.
+  float* dspark_hidden = nullptr;
 };
 
 struct ForwardBatch {
@@ -183,8 +188,9 @@ class V41Model {
   const ModelConfig& config() const { return cfg_; }
   // State geometry for a paged block of `block_size` tokens (model/state.h).
   // window_history: with the paged window history prefix caching needs.
-  StateGeometry geometry(int64_t block_size, bool window_history = false) const {
-    return StateGeometry::FromConfig(cfg_, block_size, window_history);
+  // dspark_rings: with the DSpark drafter's rings (v41/dspark.h).
+  StateGeometry geometry(int64_t block_size, bool window_history = false, bool dspark_rings = false) const {
+    return StateGeometry::FromConfig(cfg_, block_size, window_history, dspark_rings);
   }
 
   // Runs the batch. Validates first (Error kInvalidArgument naming the
@@ -231,6 +237,7 @@ class V41Model {
   std::filesystem::path debug_dump_dir_;
   int64_t debug_calls_ = 0;
   friend class ForwardPass;
+  friend class Dspark;
 };
 
 }  // namespace deepinfer::v41

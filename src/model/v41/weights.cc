@@ -130,6 +130,93 @@ class Binder {
   ModelWeights* out_;
 };
 
+// One block's tensors under `p` ("layers.L." or "mtp.i."): mHC, attention
+// (compressor/indexer by the schedule), the MoE with E routed experts (this
+// rank's share bound) and Engram.
+void BindLayer(const Binder& b, const ModelConfig& c, const std::string& p, const LayerSchedule& s, int64_t E,
+               int shard_size, int shard_rank, ModelWeights* w, LayerWeights* out) {
+  const int64_t d = c.dim, H = c.n_heads, D = c.head_dim, hc = c.hc_mult;
+  const int64_t mix = c.hc_mix_dim();
+  LayerWeights& L = *out;
+  L.attn_norm = b.Bf16(p + "attn_norm.weight", d, -1);
+  L.ffn_norm = b.Bf16(p + "ffn_norm.weight", d, -1);
+  L.hc_attn_fn = b.F32(p + "hc_attn_fn", {mix, hc * d});
+  L.hc_attn_base = b.F32(p + "hc_attn_base", {mix});
+  L.hc_attn_scale = b.F32(p + "hc_attn_scale", {3});
+  L.hc_ffn_fn = b.F32(p + "hc_ffn_fn", {mix, hc * d});
+  L.hc_ffn_base = b.F32(p + "hc_ffn_base", {mix});
+  L.hc_ffn_scale = b.F32(p + "hc_ffn_scale", {3});
+
+  AttentionWeights& A = L.attn;
+  A.wq_a = b.Fp8(p + "attn.wq_a", c.q_lora_rank, d);
+  A.q_norm = b.Bf16(p + "attn.q_norm.weight", c.q_lora_rank, -1);
+  A.wq_b = b.Fp8(p + "attn.wq_b", H * D, c.q_lora_rank);
+  A.wkv = b.Fp8(p + "attn.wkv", D, d);
+  A.kv_norm = b.Bf16(p + "attn.kv_norm.weight", D, -1);
+  A.wo_a = b.DequantBf16(p + "attn.wo_a", c.o_groups * c.o_lora_rank, H * D / c.o_groups);
+  A.wo_b = b.Fp8(p + "attn.wo_b", d, c.o_groups * c.o_lora_rank);
+  A.attn_sink = b.F32(p + "attn.attn_sink", {H});
+  if (s.kv_source) {
+    A.has_compressor = true;
+    A.compressor_wkv = b.Bf16(p + "attn.compressor.wkv.weight", D, d);
+    if (s.compress_ratio > 1) A.compressor_wgate = b.Bf16(p + "attn.compressor.wgate.weight", D, d);
+    A.compressor_norm = b.Bf16(p + "attn.compressor.norm.weight", D, -1);
+    A.indexer_wk = b.Bf16(p + "attn.indexer.wk.weight", c.index_head_dim, D);
+    A.indexer_k_norm = b.Bf16(p + "attn.indexer.k_norm.weight", c.index_head_dim, -1);
+  }
+  if (s.index_source) {
+    A.has_indexer_query = true;
+    A.indexer_wq_b = b.Fp8(p + "attn.indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
+    A.indexer_weights_proj = b.Bf16(p + "attn.indexer.weights_proj.weight", c.index_n_heads, d);
+  }
+
+  MoeWeights& F = L.ffn;
+  const int64_t I = c.moe_inter_dim;
+  F.gate = b.Bf16(p + "ffn.gate.weight", E, d);
+  F.bias = b.F32(p + "ffn.gate.bias", {E});
+  if (c.vision_n_layers > 0) F.bias_vl = b.F32(p + "ffn.gate.bias_vl", {E});
+  F.experts.resize(E);
+  const int64_t per_rank = E / shard_size;
+  for (int64_t e = shard_rank * per_rank; e < (shard_rank + 1) * per_rank; ++e) {
+    const std::string q = fmt::format("{}ffn.experts.{}.", p, e);
+    F.experts[e].bound = true;
+    F.experts[e].w1 = b.Fp4(q + "w1", I, d);
+    F.experts[e].w3 = b.Fp4(q + "w3", I, d);
+    F.experts[e].w2 = b.Fp4(q + "w2", d, I);
+    // E2M1 codes (two per byte) + one UE8M0 scale per 32 weights.
+    w->bytes.routed_experts += 3 * (I * d / 2 + I * d / 32);
+  }
+  F.shared_w1 = b.Fp8(p + "ffn.shared_experts.w1", I, d);
+  F.shared_w3 = b.Fp8(p + "ffn.shared_experts.w3", I, d);
+  F.shared_w2 = b.Fp8(p + "ffn.shared_experts.w2", d, I);
+
+  if (s.engram_slot >= 0) {
+    L.has_engram = true;
+    EngramWeights& G = L.engram;
+    const int64_t hd = c.engram_head_dim;
+    G.rows = c.engram_num_embeddings[s.engram_slot];
+    if (hd % 32 != 0)
+      Fail(ErrorKind::kInvalidArgument, "engram_head_dim {} is not a multiple of 32", hd);
+    G.table = b.Expect(p + "engram.embed.weight", DType::kF8E4M3, {G.rows, hd}).data;
+    G.table_scale = b.Expect(p + "engram.embed.scale", DType::kF8E8M0, {G.rows, hd / 32}).data;
+    G.row_begin = G.rows * shard_rank / shard_size;
+    G.row_end = G.rows * (shard_rank + 1) / shard_size;
+    w->bytes.engram_rows += (G.row_end - G.row_begin) * (hd + hd / 32);
+    if (b.ieee()) {  // transformed on lookup (weights.h); this rank's rows' scales are checked here
+      G.halve_codes = true;
+      b.CheckRaisable(p + "engram.embed.scale", G.table_scale + G.row_begin * (hd / 32),
+                      (G.row_end - G.row_begin) * (hd / 32), nullptr);
+      ++w->ieee_report.tensors;
+    }
+    const int64_t cols = static_cast<int64_t>(c.engram_max_ngram_size - 1) * c.engram_n_heads * hd;
+    G.wkv = b.Fp8(p + "engram.wkv", (hc + 1) * d, cols);
+    Bf16Tensor qw = b.Bf16(p + "engram.q_weight", hc, d);
+    Bf16Tensor kw = b.Bf16(p + "engram.k_weight", hc, d);
+    G.qk.v.resize(static_cast<size_t>(hc * d));
+    for (int64_t i = 0; i < hc * d; ++i) G.qk.v[i] = Bf16ToFloat(qw.data[i]) * Bf16ToFloat(kw.data[i]);
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<ModelWeights> ModelWeights::Bind(const TensorStore& store, const ModelConfig& c, int shard_size,
@@ -145,94 +232,14 @@ std::unique_ptr<ModelWeights> ModelWeights::Bind(const TensorStore& store, const
   auto w = std::make_unique<ModelWeights>();
   w->fp8_format = fp8_format;
   Binder b(store, c, w.get());
-  const int64_t d = c.dim, H = c.n_heads, D = c.head_dim, hc = c.hc_mult;
-  const int64_t mix = c.hc_mix_dim();
+  const int64_t d = c.dim;
   w->embed = b.Bf16("embed.weight", c.vocab_size, d);
   w->head = b.Bf16("head.weight", c.vocab_size, d);
   w->norm = b.Bf16("norm.weight", d, -1);
   w->layers.resize(c.n_layers);
-  for (int l = 0; l < c.n_layers; ++l) {
-    const LayerSchedule& s = c.layers[l];
-    LayerWeights& L = w->layers[l];
-    const std::string p = fmt::format("layers.{}.", l);
-    L.attn_norm = b.Bf16(p + "attn_norm.weight", d, -1);
-    L.ffn_norm = b.Bf16(p + "ffn_norm.weight", d, -1);
-    L.hc_attn_fn = b.F32(p + "hc_attn_fn", {mix, hc * d});
-    L.hc_attn_base = b.F32(p + "hc_attn_base", {mix});
-    L.hc_attn_scale = b.F32(p + "hc_attn_scale", {3});
-    L.hc_ffn_fn = b.F32(p + "hc_ffn_fn", {mix, hc * d});
-    L.hc_ffn_base = b.F32(p + "hc_ffn_base", {mix});
-    L.hc_ffn_scale = b.F32(p + "hc_ffn_scale", {3});
-
-    AttentionWeights& A = L.attn;
-    A.wq_a = b.Fp8(p + "attn.wq_a", c.q_lora_rank, d);
-    A.q_norm = b.Bf16(p + "attn.q_norm.weight", c.q_lora_rank, -1);
-    A.wq_b = b.Fp8(p + "attn.wq_b", H * D, c.q_lora_rank);
-    A.wkv = b.Fp8(p + "attn.wkv", D, d);
-    A.kv_norm = b.Bf16(p + "attn.kv_norm.weight", D, -1);
-    A.wo_a = b.DequantBf16(p + "attn.wo_a", c.o_groups * c.o_lora_rank, H * D / c.o_groups);
-    A.wo_b = b.Fp8(p + "attn.wo_b", d, c.o_groups * c.o_lora_rank);
-    A.attn_sink = b.F32(p + "attn.attn_sink", {H});
-    if (s.kv_source) {
-      A.has_compressor = true;
-      A.compressor_wkv = b.Bf16(p + "attn.compressor.wkv.weight", D, d);
-      if (s.compress_ratio > 1) A.compressor_wgate = b.Bf16(p + "attn.compressor.wgate.weight", D, d);
-      A.compressor_norm = b.Bf16(p + "attn.compressor.norm.weight", D, -1);
-      A.indexer_wk = b.Bf16(p + "attn.indexer.wk.weight", c.index_head_dim, D);
-      A.indexer_k_norm = b.Bf16(p + "attn.indexer.k_norm.weight", c.index_head_dim, -1);
-    }
-    if (s.index_source) {
-      A.has_indexer_query = true;
-      A.indexer_wq_b = b.Fp8(p + "attn.indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
-      A.indexer_weights_proj = b.Bf16(p + "attn.indexer.weights_proj.weight", c.index_n_heads, d);
-    }
-
-    MoeWeights& F = L.ffn;
-    const int64_t E = c.n_routed_experts, I = c.moe_inter_dim;
-    F.gate = b.Bf16(p + "ffn.gate.weight", E, d);
-    F.bias = b.F32(p + "ffn.gate.bias", {E});
-    if (c.vision_n_layers > 0) F.bias_vl = b.F32(p + "ffn.gate.bias_vl", {E});
-    F.experts.resize(E);
-    const int64_t per_rank = E / shard_size;
-    for (int64_t e = shard_rank * per_rank; e < (shard_rank + 1) * per_rank; ++e) {
-      const std::string q = fmt::format("{}ffn.experts.{}.", p, e);
-      F.experts[e].bound = true;
-      F.experts[e].w1 = b.Fp4(q + "w1", I, d);
-      F.experts[e].w3 = b.Fp4(q + "w3", I, d);
-      F.experts[e].w2 = b.Fp4(q + "w2", d, I);
-      // E2M1 codes (two per byte) + one UE8M0 scale per 32 weights.
-      w->bytes.routed_experts += 3 * (I * d / 2 + I * d / 32);
-    }
-    F.shared_w1 = b.Fp8(p + "ffn.shared_experts.w1", I, d);
-    F.shared_w3 = b.Fp8(p + "ffn.shared_experts.w3", I, d);
-    F.shared_w2 = b.Fp8(p + "ffn.shared_experts.w2", d, I);
-
-    if (s.engram_slot >= 0) {
-      L.has_engram = true;
-      EngramWeights& G = L.engram;
-      const int64_t hd = c.engram_head_dim;
-      G.rows = c.engram_num_embeddings[s.engram_slot];
-      if (hd % 32 != 0)
-        Fail(ErrorKind::kInvalidArgument, "engram_head_dim {} is not a multiple of 32", hd);
-      G.table = b.Expect(p + "engram.embed.weight", DType::kF8E4M3, {G.rows, hd}).data;
-      G.table_scale = b.Expect(p + "engram.embed.scale", DType::kF8E8M0, {G.rows, hd / 32}).data;
-      G.row_begin = G.rows * shard_rank / shard_size;
-      G.row_end = G.rows * (shard_rank + 1) / shard_size;
-      w->bytes.engram_rows += (G.row_end - G.row_begin) * (hd + hd / 32);
-      if (b.ieee()) {  // transformed on lookup (weights.h); this rank's rows' scales are checked here
-        G.halve_codes = true;
-        b.CheckRaisable(p + "engram.embed.scale", G.table_scale + G.row_begin * (hd / 32),
-                        (G.row_end - G.row_begin) * (hd / 32), nullptr);
-        ++w->ieee_report.tensors;
-      }
-      const int64_t cols = static_cast<int64_t>(c.engram_max_ngram_size - 1) * c.engram_n_heads * hd;
-      G.wkv = b.Fp8(p + "engram.wkv", (hc + 1) * d, cols);
-      Bf16Tensor qw = b.Bf16(p + "engram.q_weight", hc, d);
-      Bf16Tensor kw = b.Bf16(p + "engram.k_weight", hc, d);
-      G.qk.v.resize(static_cast<size_t>(hc * d));
-      for (int64_t i = 0; i < hc * d; ++i) G.qk.v[i] = Bf16ToFloat(qw.data[i]) * Bf16ToFloat(kw.data[i]);
-    }
-  }
+  for (int l = 0; l < c.n_layers; ++l)
+    BindLayer(b, c, fmt::format("layers.{}.", l), c.layers[l], c.n_routed_experts, shard_size, shard_rank, w.get(),
+              &w->layers[l]);
   // Everything that is neither a routed expert nor an Engram table is replicated on every rank.
   int64_t all_experts = 0, all_engram = 0;
   for (int l = 0; l < c.n_layers; ++l) {
@@ -243,60 +250,101 @@ std::unique_ptr<ModelWeights> ModelWeights::Bind(const TensorStore& store, const
   return w;
 }
 
-size_t ModelWeights::PackForCpu() {
+namespace {
+
+// The fast kernels' layouts (PackForCpu); each returns the bytes allocated.
+struct Packer {
   size_t bytes = 0;
-  auto fp8 = [&](Fp8Linear& l) {
+  void Fp8(Fp8Linear& l) {
     l.packed = std::make_unique<cpu::PackedFp8>(cpu::PackFp8(l.w));
     bytes += l.packed->bytes();
-  };
-  auto fp4 = [&](Fp4Linear& l) {
+  }
+  void Fp4(Fp4Linear& l) {
     l.packed = std::make_unique<cpu::PackedFp4>(cpu::PackFp4(l.w));
     bytes += l.packed->bytes();
-  };
-  auto bf16 = [&](Bf16Tensor& t) {
+  }
+  void Bf16(Bf16Tensor& t) {
     if (t.data == nullptr) return;
     t.packed = std::make_unique<cpu::PackedBf16>(cpu::PackBf16(t.weight()));
     bytes += t.packed->bytes();
-  };
-  auto f32 = [&](F32Tensor& t, int64_t out, int64_t in) {
+  }
+  void F32(F32Tensor& t, int64_t out, int64_t in) {
     t.packed = std::make_unique<cpu::PackedF32>(cpu::PackF32(t.data(), out, in));
     bytes += t.packed->bytes();
-  };
-  bf16(head);
-  for (LayerWeights& L : layers) {
+  }
+  void Layer(LayerWeights& L) {
     const int64_t mix = static_cast<int64_t>(L.hc_attn_base.v.size());
-    f32(L.hc_attn_fn, mix, static_cast<int64_t>(L.hc_attn_fn.v.size()) / mix);
-    f32(L.hc_ffn_fn, mix, static_cast<int64_t>(L.hc_ffn_fn.v.size()) / mix);
+    F32(L.hc_attn_fn, mix, static_cast<int64_t>(L.hc_attn_fn.v.size()) / mix);
+    F32(L.hc_ffn_fn, mix, static_cast<int64_t>(L.hc_ffn_fn.v.size()) / mix);
     AttentionWeights& A = L.attn;
-    fp8(A.wq_a);
-    fp8(A.wq_b);
-    fp8(A.wkv);
-    fp8(A.wo_b);
-    bf16(A.wo_a);
+    Fp8(A.wq_a);
+    Fp8(A.wq_b);
+    Fp8(A.wkv);
+    Fp8(A.wo_b);
+    Bf16(A.wo_a);
     if (A.has_compressor) {
-      bf16(A.compressor_wkv);
-      bf16(A.compressor_wgate);
-      bf16(A.indexer_wk);
+      Bf16(A.compressor_wkv);
+      Bf16(A.compressor_wgate);
+      Bf16(A.indexer_wk);
     }
     if (A.has_indexer_query) {
-      fp8(A.indexer_wq_b);
-      bf16(A.indexer_weights_proj);
+      Fp8(A.indexer_wq_b);
+      Bf16(A.indexer_weights_proj);
     }
     MoeWeights& F = L.ffn;
-    bf16(F.gate);
+    Bf16(F.gate);
     for (ExpertWeights& e : F.experts) {
       if (!e.bound) continue;
-      fp4(e.w1);
-      fp4(e.w3);
-      fp4(e.w2);
+      Fp4(e.w1);
+      Fp4(e.w3);
+      Fp4(e.w2);
     }
-    fp8(F.shared_w1);
-    fp8(F.shared_w3);
-    fp8(F.shared_w2);
-    if (L.has_engram) fp8(L.engram.wkv);
+    Fp8(F.shared_w1);
+    Fp8(F.shared_w3);
+    Fp8(F.shared_w2);
+    if (L.has_engram) Fp8(L.engram.wkv);
   }
+};
+
+}  // namespace
+
+size_t ModelWeights::PackForCpu() {
+  Packer pk;
+  pk.Bf16(head);
+  for (LayerWeights& L : layers) pk.Layer(L);
   packed_for_cpu = true;
-  return bytes;
+  return pk.bytes;
+}
+
+void ModelWeights::BindDspark(const TensorStore& store, const ModelConfig& c) {
+  if (has_dspark) return;
+  if (c.n_mtp_layers < 1 || c.dspark_block_size < 1)
+    Fail(ErrorKind::kInvalidArgument,
+         "{}: the model has no DSpark drafter (num_nextn_predict_layers {}, dspark_block_size {})",
+         store.dir().string(), c.n_mtp_layers, c.dspark_block_size);
+  Binder b(store, c, this);
+  const int64_t d = c.dim, R = c.dspark_markov_rank;
+  const int last = c.n_mtp_layers - 1;
+  dspark.blocks.resize(static_cast<size_t>(c.n_mtp_layers));
+  for (int i = 0; i < c.n_mtp_layers; ++i)
+    BindLayer(b, c, fmt::format("mtp.{}.", i), c.layers[c.n_layers + i], c.dspark_n_routed_experts, 1, 0, this,
+              &dspark.blocks[i]);
+  const int64_t nt = static_cast<int64_t>(c.dspark_target_layer_ids.size());
+  dspark.main_proj = b.Fp8("mtp.0.main_proj", d, nt * d);
+  dspark.main_norm = b.Bf16("mtp.0.main_norm.weight", d, -1);
+  const std::string p = fmt::format("mtp.{}.", last);
+  dspark.norm = b.Bf16(p + "norm.weight", d, -1);
+  dspark.markov_embed = b.Bf16(p + "markov_head.embed.weight", c.vocab_size, R);
+  dspark.markov_head = b.Bf16(p + "markov_head.head.weight", c.vocab_size, R);
+  dspark.confidence_proj = b.Bf16(p + "confidence_head.proj.weight", 1, d + R);
+  if (packed_for_cpu) {
+    Packer pk;
+    for (LayerWeights& L : dspark.blocks) pk.Layer(L);
+    pk.Fp8(dspark.main_proj);
+    pk.Bf16(dspark.markov_head);
+    pk.Bf16(dspark.confidence_proj);
+  }
+  has_dspark = true;
 }
 
 }  // namespace deepinfer::v41

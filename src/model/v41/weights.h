@@ -29,8 +29,9 @@
 // is an Error(kInvalidArgument) naming the tensor and the flag.
 // Binding validates every dtype and shape against the config and throws
 // Error(kCorruptData) naming the tensor, expected and found; a missing tensor
-// throws Error(kNotFound). Tensors the V4.1 text forward does not use (DSpark
-// `mtp.*`, `gate.bias_vl` while vision is off) are not bound.
+// throws Error(kNotFound). Tensors the V4.1 text forward does not use
+// (`gate.bias_vl` while vision is off) are not bound; the DSpark drafter's
+// `mtp.*` only by BindDspark (when the drafter is enabled).
 #pragma once
 
 #include <cstdint>
@@ -166,6 +167,25 @@ struct ModelWeights {
   struct Bytes {
     int64_t routed_experts = 0, other = 0, engram_rows = 0;
   } bytes;
+
+  // The DSpark drafter (model-spec §3.3.6, `mtp.*`), bound by BindDspark:
+  // the blocks mtp.0 .. mtp.{n_mtp_layers−1} (sliding-window attention, MoE
+  // of dspark_n_routed_experts), mtp.0's main_proj [dim, n_targets·dim] (FP8)
+  // and main_norm, and the last block's norm, Markov head (embed and head
+  // [vocab, dspark_markov_rank] BF16; the head used as FP32) and confidence
+  // projection [1, dim + dspark_markov_rank] (BF16, used as FP32).
+  struct DsparkWeights {
+    std::vector<LayerWeights> blocks;
+    Fp8Linear main_proj;
+    Bf16Tensor main_norm, norm;
+    Bf16Tensor markov_embed, markov_head, confidence_proj;
+  } dspark;
+  bool has_dspark = false;
+  // Binds (and, after PackForCpu, packs) the DSpark tensors; a second call
+  // does nothing. Throws Error(kInvalidArgument) when the config has no
+  // DSpark (num_nextn_predict_layers 0 or dspark_block_size 0) and the
+  // Bind errors (kNotFound / kCorruptData naming the tensor).
+  void BindDspark(const TensorStore& store, const ModelConfig& cfg);
 
   // The transformed FP8 bytes of the e4m3-ieee mode (codes and scales); the
   // Fp8Linear views point into them.

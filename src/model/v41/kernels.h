@@ -1,0 +1,59 @@
+// deepinfer/model/v41/kernels.h — the V4.1 forward pass's operator dispatch
+// (model.cc, dspark.cc): the fast CPU kernel when the weight was repacked at
+// load (kernels/cpu/cpu_ops.h, bit-identical), else the scalar reference
+// operator (kernels/ref/ref_ops.h, where shapes, dtypes and the arithmetic of
+// each are documented: model-spec §3.1, §4). No errors (shapes are the
+// caller's contract).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ref/ref_ops.h"
+#include "model/v41/weights.h"
+
+namespace deepinfer::v41 {
+
+// Linears and the vectorised non-GEMM ops: the fast CPU kernel when the weight
+// was repacked at load (bit-identical, kernels/cpu/cpu_ops.h), else the
+// scalar reference operator.
+inline void Linear(const float* x, int64_t M, const Fp8Linear& w, int ab, float* y) {
+  if (w.packed) cpu::LinearFp8(x, M, *w.packed, ab, y, w.act_format);
+  else ref::LinearFp8(x, M, w.w, ab, y, w.act_format);
+}
+inline void Linear(const float* x, int64_t M, const Fp4Linear& w, int ab, float* y) {
+  if (w.packed) cpu::LinearFp4(x, M, *w.packed, ab, y, w.act_format);
+  else ref::LinearFp4(x, M, w.w, ab, y, w.act_format);
+}
+inline void LinearBf16(const float* x, int64_t M, const Bf16Tensor& w, float* y) {
+  if (w.packed) cpu::LinearBf16(x, M, *w.packed, y);
+  else ref::LinearBf16(x, M, w.weight(), y);
+}
+inline void LinearF32Bf16W(const float* x, int64_t M, const Bf16Tensor& w, float* y) {
+  if (w.packed) cpu::LinearF32Bf16W(x, M, *w.packed, y);
+  else ref::LinearF32Bf16W(x, M, w.weight(), y);
+}
+inline void GroupedLinearBf16(const float* o, int64_t M, int groups, const Bf16Tensor& wa, float* z) {
+  if (wa.packed) cpu::GroupedLinearBf16(o, M, groups, *wa.packed, z);
+  else ref::GroupedLinearBf16(o, M, groups, wa.weight(), z);
+}
+inline void HcMixes(const float* X, int64_t M, int hc, int64_t d, const F32Tensor& fn, const float* base,
+             const float* scale, float norm_eps, int sinkhorn_iters, float hc_eps, const int32_t* sig_vec,
+             float* pre, float* post, float* comb) {
+  if (fn.packed)
+    cpu::HcMixes(X, M, hc, d, *fn.packed, base, scale, norm_eps, sinkhorn_iters, hc_eps, sig_vec, pre, post, comb);
+  else
+    ref::HcMixes(X, M, hc, d, fn.data(), base, scale, norm_eps, sinkhorn_iters, hc_eps, sig_vec, pre, post, comb);
+}
+inline void Router(const float* x, int64_t M, const Bf16Tensor& gate, const float* const* bias, int topk, float gate_temp,
+            bool norm_topk_prob, float route_scale, const int32_t* softplus_vec, int32_t* indices, float* weights) {
+  if (gate.packed)
+    cpu::Router(x, M, *gate.packed, bias, topk, gate_temp, norm_topk_prob, route_scale, softplus_vec, indices,
+                weights);
+  else
+    ref::Router(x, M, gate.weight(), bias, topk, gate_temp, norm_topk_prob, route_scale, softplus_vec, indices,
+                weights);
+}
+
+
+}  // namespace deepinfer::v41
