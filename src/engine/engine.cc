@@ -300,8 +300,7 @@ std::unique_ptr<Engine> Engine::OpenWithBackend(const EngineArgs& args, std::uni
       impl->drafter = impl->backend->EnableDrafter(impl->spec);
       if (!impl->drafter)
         Fail(ErrorKind::kInvalidArgument,
-             "--speculative-config: method \"{}\" is not available for model_type {} in this build (its drafter is "
-             "not implemented yet; use \"ngram\")",
+             "--speculative-config: method \"{}\" has no drafter in this backend for model_type {}; use \"ngram\"",
              impl->spec.method, cfg.model_type);
     } else {
       impl->proposer = MakeProposer(impl->spec);

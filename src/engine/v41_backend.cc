@@ -18,6 +18,7 @@
 #include "engine/backend.h"
 #include "engine/parallel_runner.h"
 #include "engine/v4_backend.h"
+#include "model/v41/dspark.h"
 #include "model/v41/model.h"
 #include "parallel/communicator.h"
 #include "tokenizer/engram_token_map.h"
@@ -51,11 +52,66 @@ std::vector<int> AgreeValid(Communicator& comm, v41::V41Model& model, const v41:
   return bad;
 }
 
+// The DSpark drafter (v41/dspark.h, method "dspark"; backend.h ModelDrafter):
+// for each sequence's kept rows it seeds the DSpark rings from the main
+// hidden states the last Forward captured (ForwardSeq::dspark_hidden) and,
+// when asked, drafts after the last kept row: the block starts with that
+// row's next token (the step's sampled or accepted one), and the first
+// max_drafts of out_1 .. out_bs (greedy, one-hot) are the proposal.
+class DsparkDrafter : public ModelDrafter {
+ public:
+  DsparkDrafter(v41::V41Model& model, const std::vector<float>* hidden, const std::vector<BackendSeq>* fwd,
+                const std::vector<int64_t>* row0)
+      : dspark_(model), hidden_(hidden), fwd_(fwd), row0_(row0) {}
+  int64_t hidden_width() const { return dspark_.hidden_width(); }
+  void Draft(const std::vector<DraftSeq>& seqs, std::vector<DraftProposal>* out) override {
+    const int64_t W = dspark_.hidden_width();
+    std::vector<v41::DsparkSeq> batch;
+    batch.reserve(seqs.size());
+    for (const DraftSeq& d : seqs) {
+      if (d.forward_index < 0 || d.forward_index >= static_cast<int>(fwd_->size()))
+        Fail(ErrorKind::kInternal, "DSpark drafter: forward_index {} outside the last Forward's {} sequences",
+             d.forward_index, fwd_->size());
+      const BackendSeq& f = (*fwd_)[static_cast<size_t>(d.forward_index)];
+      if (d.kept < 1 || d.kept > f.len)
+        Fail(ErrorKind::kInternal, "DSpark drafter: {} kept rows of a {}-row chunk", d.kept, f.len);
+      const float* h = hidden_->data() + (*row0_)[static_cast<size_t>(d.forward_index)] * W;
+      batch.push_back({h, d.kept, f.start_pos, d.state, d.max_drafts > 0 ? d.next_tokens[d.kept - 1] : -1});
+    }
+    std::vector<v41::DsparkDraft> drafts;
+    dspark_.Run(batch, /*want_logits=*/false, &drafts);
+    out->assign(seqs.size(), {});
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (seqs[i].max_drafts < 1) continue;
+      std::vector<int32_t>& ids = drafts[i].ids;
+      if (static_cast<int>(ids.size()) > seqs[i].max_drafts) ids.resize(static_cast<size_t>(seqs[i].max_drafts));
+      (*out)[i].ids = std::move(ids);
+    }
+  }
+
+ private:
+  v41::Dspark dspark_;
+  const std::vector<float>* hidden_;
+  const std::vector<BackendSeq>* fwd_;
+  const std::vector<int64_t>* row0_;
+};
+
+// Whether --speculative-config asks for the DSpark drafter (its rings are
+// then part of the state geometry). A malformed config is reported by Open.
+bool WantsDspark(const EngineArgs& args) {
+  if (args.speculative_config.empty()) return false;
+  try {
+    return ParseSpeculativeConfig(args.speculative_config).method == "dspark";
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 class V41Backend : public ModelBackend {
  public:
   // comm: null for one process; else this is the leader (rank 0) of a parallel job.
   V41Backend(std::unique_ptr<v41::V41Model> model, Communicator* comm, const EngineArgs& args)
-      : model_(std::move(model)), comm_(comm), args_(args) {}
+      : model_(std::move(model)), comm_(comm), args_(args), dspark_rings_(WantsDspark(args) && !comm) {}
   ~V41Backend() override {
     if (!comm_ || comm_->broken()) return;  // a lost rank: the others stop by themselves
     try {
@@ -68,7 +124,18 @@ class V41Backend : public ModelBackend {
   }
   const ModelConfig& config() const override { return model_->config(); }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
-  StateGeometry Geometry(int64_t block_size) const override { return model_->geometry(block_size); }
+  StateGeometry Geometry(int64_t block_size) const override {
+    return model_->geometry(block_size, false, dspark_rings_);
+  }
+  // DSpark (v41/dspark.h): one process only (the engine refuses speculation
+  // in parallel jobs); Forward then captures every row's main_hidden.
+  ModelDrafter* EnableDrafter(const SpeculativeConfig& spec) override {
+    const ModelConfig& c = model_->config();
+    if (spec.method != "dspark" || comm_ || !dspark_rings_ || c.n_mtp_layers < 1 || c.dspark_block_size < 2)
+      return nullptr;
+    dspark_ = std::make_unique<DsparkDrafter>(*model_, &hidden_, &fwd_, &row0_);
+    return dspark_.get();
+  }
   // Prefix caching is off with --cp: its window history is paged, and a hit
   // would rebuild the ring from rows stored on other ranks.
   bool supports_prefix_caching() const override { return CpSize(args_) == 1; }
@@ -127,6 +194,19 @@ class V41Backend : public ModelBackend {
       f.carry_capture = s.carry_capture;
       batch.seqs.push_back(f);
     }
+    if (dspark_) {
+      // The drafter reads this call's main_hidden rows (DsparkDrafter).
+      fwd_ = shards[0];
+      row0_.clear();
+      int64_t rows = 0;
+      for (const BackendSeq& s : shards[0]) {
+        row0_.push_back(rows);
+        rows += s.len;
+      }
+      const int64_t W = dspark_->hidden_width();
+      hidden_.resize(static_cast<size_t>(rows * W));
+      for (size_t i = 0; i < batch.seqs.size(); ++i) batch.seqs[i].dspark_hidden = hidden_.data() + row0_[i] * W;
+    }
     if (comm_) {
       std::string err;
       const std::vector<int> bad = AgreeValid(*comm_, *model_, batch, &err);
@@ -172,6 +252,11 @@ class V41Backend : public ModelBackend {
   Communicator* comm_;
   EngineArgs args_;
   v41::ForwardOutput out_;
+  bool dspark_rings_ = false;           // --speculative-config method "dspark" (one process)
+  std::unique_ptr<DsparkDrafter> dspark_;
+  std::vector<float> hidden_;           // [rows, n_targets·dim] main_hidden of the last Forward (drafter on)
+  std::vector<BackendSeq> fwd_;         // its seqs
+  std::vector<int64_t> row0_;           // first row of each
 };
 
 struct LoadedModel {

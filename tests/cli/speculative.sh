@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # --speculative-config on the CLI (docs/speculative.md), tiny checkpoint (DEEPINFER_TINY_DIR):
 # generate with n-gram drafts gives the same tokens and logprobs as without and prints the
-# speculative-decoding summary line; bad configs and dspark (not implemented) exit 2 naming the flag;
-# bench e2e refuses a bad config before measuring. On the tiny V4 checkpoint (DEEPINFER_TINY_V4_DIR):
+# speculative-decoding summary line; the DSpark drafter ("dspark", k = 1 and 2) gives the same output as
+# without; bad configs (dspark with k = 3 > dspark_block_size - 1) exit 2 naming the flag; bench e2e
+# refuses a bad config before measuring. On the tiny V4 checkpoint (DEEPINFER_TINY_V4_DIR):
 # the MTP drafter ("mtp") gives the same output as without; "mtp" on V4.1 or with k > 1 exits 2.
 set -euo pipefail
 BIN="$1"
@@ -40,6 +41,25 @@ for x, y in zip(a, b):
         assert x.get(k) == y.get(k), (k, x.get(k), y.get(k))
 PY
 
+# V4.1's DSpark drafter: same tokens, text and logprobs as without, drafts verified.
+for K in 1 2; do
+  "$BIN" generate "${COMMON[@]}" --output "$T/ds$K.jsonl" \
+    --speculative-config "{\"method\": \"dspark\", \"num_speculative_tokens\": $K}" 2> "$T/ds$K.err" \
+    || fail "generate (dspark k=$K): $(cat "$T/ds$K.err")"
+  grep -q "^generate: speculative decoding: [1-9][0-9]* drafts" "$T/ds$K.err" \
+    || fail "no speculative summary with drafts (dspark k=$K): $(cat "$T/ds$K.err")"
+  python3 - "$T/off.jsonl" "$T/ds$K.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 4
+for x, y in zip(a, b):
+    assert "error" not in x and "error" not in y, (x, y)
+    for k in ("token_ids", "text", "finish_reason", "logprobs"):
+        assert x.get(k) == y.get(k), (k, x.get(k), y.get(k))
+PY
+done
+
 expect_error() {  # expect_error <config> <pattern>
   set +e
   "$BIN" generate "${COMMON[@]}" --output "$T/x.jsonl" --speculative-config "$1" 2> "$T/e"
@@ -54,7 +74,6 @@ expect_error '{"method": "medusa", "num_speculative_tokens": 2}' "unknown method
 expect_error '{"method": "ngram", "num_speculative_tokens": 0}' "num_speculative_tokens"
 expect_error '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}' "prompt_lookup_max"
 expect_error '{"method": "ngram", "num_speculative_tokens": 20}' "sliding_window"
-expect_error '{"method": "dspark", "num_speculative_tokens": 2}' "dspark"
 expect_error '{"method": "dspark", "num_speculative_tokens": 3}' "dspark_block_size"
 expect_error '{"method": "mtp", "num_speculative_tokens": 1}' "needs a deepseek_v4 model"
 set +e

@@ -332,12 +332,16 @@ TEST(SpeculativeConfig, ValidationAgainstTheModel) {
   ValidateSpeculativeConfig(c, cfg);
 }
 
-TEST_F(SpeculativeTiny, DsparkWithoutImplementationIsAStartupErrorNamingTheFlag) {
+// DSpark's k is capped by the drafter's block (dspark_block_size 3 here):
+// k = 3 is a start-up error naming the flag and the limit (the drafter
+// itself: dspark_speculative_tiny_test.cc).
+TEST_F(SpeculativeTiny, DsparkKBeyondTheBlockIsAStartupErrorNamingTheFlag) {
   try {
-    Engine::Open(TinyArgs(8, 256, R"({"method": "dspark", "num_speculative_tokens": 2})"));
-    ADD_FAILURE() << "dspark accepted";
+    Engine::Open(TinyArgs(8, 256, R"({"method": "dspark", "num_speculative_tokens": 3})"));
+    ADD_FAILURE() << "dspark k=3 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--speculative-config"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dspark_block_size"), std::string::npos) << e.what();
   }
 }
 
