@@ -48,7 +48,7 @@ int64_t Argmax(const float* v, int64_t n) {
   return b;
 }
 
-class V41Dspark : public ::testing::Test {
+class V41DsparkGolden : public ::testing::Test {
  public:
   static void SetUpTestSuite() {
     const char* dir = std::getenv("DEEPINFER_TINY_DIR");
@@ -110,12 +110,12 @@ class V41Dspark : public ::testing::Test {
   static V41Model* model_;
   static Dspark* dspark_;
 };
-V41Model* V41Dspark::model_ = nullptr;
-Dspark* V41Dspark::dspark_ = nullptr;
+V41Model* V41DsparkGolden::model_ = nullptr;
+Dspark* V41DsparkGolden::dspark_ = nullptr;
 
 // Drafted ids on every recorded step; top-5 logits and confidences
 // bit-identical to the reference's.
-TEST_F(V41Dspark, MatchesReferenceDrafts) {
+TEST_F(V41DsparkGolden, MatchesReferenceDrafts) {
   const int64_t V = model_->config().vocab_size;
   int steps = 0, bit_rows = 0, rows = 0, bit_conf = 0, confs = 0;
   double max_rel = 0;
@@ -170,7 +170,7 @@ TEST_F(V41Dspark, MatchesReferenceDrafts) {
 // In the engine's per-row layout: seeding in chunks of 3 and batched with
 // another sequence gives the same drafts, bit for bit, as one whole seeding
 // call alone.
-TEST_F(V41Dspark, ChunkedAndBatchedSeedingSameDrafts) {
+TEST_F(V41DsparkGolden, ChunkedAndBatchedSeedingSameDrafts) {
   const std::vector<int32_t> prompt = Golden()["prompts"]["4"].get<std::vector<int32_t>>();
   const int64_t T = static_cast<int64_t>(prompt.size());
   const int64_t W = dspark_->hidden_width();
@@ -204,7 +204,7 @@ TEST_F(V41Dspark, ChunkedAndBatchedSeedingSameDrafts) {
   (void)W;
 }
 
-TEST_F(V41Dspark, RejectsBadInput) {
+TEST_F(V41DsparkGolden, RejectsBadInput) {
   Seq s = NewSeq(8);
   std::vector<float> hidden(static_cast<size_t>(dspark_->hidden_width()), 0.0f);
   std::vector<DsparkDraft> out;
