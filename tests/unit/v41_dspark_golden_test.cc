@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/parallel.h"
 #include "model/state.h"
 #include "model/v41/dspark.h"
 #include "model/v41/model.h"
@@ -169,7 +170,7 @@ TEST_F(V41DsparkGolden, MatchesReferenceDrafts) {
 
 // In the engine's per-row layout: seeding in chunks of 3 and batched with
 // another sequence gives the same drafts, bit for bit, as one whole seeding
-// call alone.
+// call alone; so do 1 and 3 threads.
 TEST_F(V41DsparkGolden, ChunkedAndBatchedSeedingSameDrafts) {
   const std::vector<int32_t> prompt = Golden()["prompts"]["4"].get<std::vector<int32_t>>();
   const int64_t T = static_cast<int64_t>(prompt.size());
@@ -202,6 +203,19 @@ TEST_F(V41DsparkGolden, ChunkedAndBatchedSeedingSameDrafts) {
   EXPECT_EQ(0, std::memcmp(got.logits.data(), want.logits.data(), want.logits.size() * 4));
   EXPECT_EQ(0, std::memcmp(got.confidence.data(), want.confidence.data(), want.confidence.size() * 4));
   (void)W;
+  // 1 and 3 threads: the same bits (the SIMD targets: DEEPINFER_TARGET=avx2 / scalar runs of this binary).
+  const int threads0 = NumThreads();
+  for (int threads : {1, 3}) {
+    SetNumThreads(threads);
+    Seq t = NewSeq(T + 4);
+    std::vector<float> h;
+    Main(t, prompt, 0, true, &h);
+    const DsparkDraft d = Draft(t, h, T, 0, 1234, true);
+    EXPECT_EQ(d.ids, want.ids) << threads << " threads";
+    EXPECT_EQ(0, std::memcmp(d.logits.data(), want.logits.data(), want.logits.size() * 4)) << threads << " threads";
+    EXPECT_EQ(0, std::memcmp(d.confidence.data(), want.confidence.data(), want.confidence.size() * 4));
+  }
+  SetNumThreads(threads0);
 }
 
 TEST_F(V41DsparkGolden, RejectsBadInput) {
