@@ -25,8 +25,9 @@ namespace deepinfer {
 // --speculative-config '{"method": ..., "num_speculative_tokens": k, ...}'
 // (vLLM's field names). Methods: "ngram" (prompt_lookup_min/max: n-gram
 // lengths tried, longest first), "mtp" (V4's MTP block mtp.0, a model-based
-// drafter: backend.h ModelDrafter) and "dspark" (the V4.1 drafter; refused at
-// start-up until implemented, and on a model without one).
+// drafter: backend.h ModelDrafter) and "dspark" (V4.1's DSpark drafter
+// mtp.0 .. mtp.{n-1}, model/v41/dspark.h, also a ModelDrafter; refused at
+// start-up on a model without one).
 struct SpeculativeConfig {
   std::string method;                 // "ngram" | "mtp" | "dspark"
   int num_speculative_tokens = 0;     // k >= 1: draft tokens per step and sequence
