@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/json_field.h"
 #include "model/config.h"
 #include "vision/image_source.h"
 #include "commands.h"
@@ -174,6 +175,17 @@ void RunGenerate(const GenerateOptions& o) {
           }
           req.prompt_token_ids = std::move(ids);
         } else {
+          // No vision tower: an image block is an error (as the server's 400), not placeholder text.
+          for (size_t i = 0; i < j["messages"].size(); ++i) {
+            const json& m = j["messages"][i];
+            if (!m.is_object() || !m.contains("content") || !m["content"].is_array()) continue;
+            for (size_t k = 0; k < m["content"].size(); ++k) {
+              const json& b = m["content"][k];
+              if (b.is_object() && (StringField(b, "type") == "image_url" || StringField(b, "type") == "image"))
+                Fail(ErrorKind::kInvalidArgument,
+                     "messages[{}].content[{}]: this model has no vision tower; images are not supported", i, k);
+            }
+          }
           req.prompt_token_ids = EncodeChat(*tok, ordered["messages"], chat);
         }
         thinking = chat.thinking;

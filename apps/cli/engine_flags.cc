@@ -115,7 +115,7 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* f) {
       ->capture_default_str();
   cmd->add_option("--speculative-config", f->args.speculative_config,
                   "Speculative decoding, vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
-                  "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4}'; methods ngram, mtp (deepseek_v4) (docs/speculative.md)");
+                  "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 4}'; methods ngram, dspark (deepseek_v41), mtp (deepseek_v4) (docs/speculative.md)");
   cmd->add_option("--fp8-format", f->args.fp8_format,
                   "FP8 numerics: e4m3fn (checkpoint) | e4m3-ieee (Neuron trn2: weights rescaled at load, max 224)")
       ->capture_default_str();

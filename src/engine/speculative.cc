@@ -84,8 +84,9 @@ void ValidateSpeculativeConfig(const SpeculativeConfig& spec, const ModelConfig&
     if (cfg.arch != Arch::kDeepseekV4 || cfg.n_mtp_layers == 0)
       Fail(ErrorKind::kInvalidArgument,
            "{}: method \"mtp\" needs a deepseek_v4 model with an MTP block (num_nextn_predict_layers > 0); this model "
-           "({}, {} MTP layers) has none",
-           kFlag, cfg.model_type, cfg.n_mtp_layers);
+           "is {} with {} MTP layers{}",
+           kFlag, cfg.model_type, cfg.n_mtp_layers,
+           cfg.arch == Arch::kDeepseekV4 ? "" : " (V4.1's mtp.* layers are the DSpark drafter: use \"dspark\")");
     if (spec.num_speculative_tokens != 1)
       Fail(ErrorKind::kInvalidArgument,
            "{}: method \"mtp\" drafts one token per step (the one MTP layer): num_speculative_tokens must be 1, got {}",

@@ -261,6 +261,35 @@ void PyDump(const Json& v, std::string& out) {
 
 // --- preprocessing ----------------------------------------------------------------
 
+// V4 (encoding_dsv4 takes string content only): OpenAI's list content of text
+// blocks becomes the texts joined by "\n" (vLLM's "string" content format);
+// any other block type is an error naming it (V4 has no vision tower).
+Json FlattenTextBlocks(const Json& messages) {
+  Json out = messages;
+  for (size_t i = 0; i < out.size(); ++i) {
+    Json& msg = out[i];
+    for (const char* f : {"content", "reasoning_content"}) {
+      auto it = msg.find(f);
+      if (it == msg.end() || !it->is_array()) continue;
+      std::string joined;
+      for (size_t j = 0; j < it->size(); ++j) {
+        const Json& b = (*it)[j];
+        if (!b.is_object()) Bad(i, fmt::format("\"{}\"[{}]: content blocks must be objects", f, j));
+        const std::string type = StringField(b, "type");
+        if (type != "text")
+          Bad(i, fmt::format("\"{}\"[{}]: content block type \"{}\" is not supported by this model (text only)", f,
+                             j, type));
+        const Json* t = Get(b, "text");
+        if (t && !t->is_string()) Bad(i, fmt::format("\"{}\"[{}].text must be a string", f, j));
+        if (j > 0) joined += "\n";
+        joined += t ? t->get<std::string>() : "";
+      }
+      *it = joined;
+    }
+  }
+  return out;
+}
+
 // V4.1 process_image_messages: list content → content_blocks, image blocks →
 // placeholder text blocks, rejects the placeholder typed into text.
 Json ProcessImages(const Json& messages) {
@@ -717,7 +746,7 @@ RenderedChat RenderChatPieces(const Json& messages, const ChatOptions& o) {
         Bad(i, fmt::format("\"content\" must be a string or a list of content blocks, found {}", c.type_name()));
     }
   }
-  Json msgs = d.v41 ? ProcessImages(messages) : messages;
+  Json msgs = d.v41 ? ProcessImages(messages) : FlattenTextBlocks(messages);
   msgs = MergeToolMessages(msgs, d.v41);
   SortToolResults(msgs);
   bool drop = o.drop_thinking;

@@ -51,4 +51,12 @@ for p, r in zip(g["prompts"], rows):
     assert d < 1e-6, (k, d)
     print(f"case {k}: 9 greedy tokens equal, top-20 ids equal, max |d logprob| {d:.2e}")
 PY
+# A model without a vision tower refuses image blocks (as the server's 400), never renders them as text.
+if [ -n "${DEEPINFER_TINY_DIR:-}" ] && [ -f "$DEEPINFER_TINY_DIR/config.json" ]; then
+  printf '{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "%s"}}]}], "max_tokens": 2}\n' \
+    "$DATA/image0.png" >"$WORK/t.jsonl"
+  "$BIN" generate --model "$DEEPINFER_TINY_DIR" --prompts "$WORK/t.jsonl" --output "$WORK/t_out.jsonl" --threads 1 2>/dev/null
+  grep -q '"error":"messages\[0\].content\[0\]: this model has no vision tower' "$WORK/t_out.jsonl" \
+    || { echo "vision_golden: an image on a text-only model was not refused: $(cat "$WORK/t_out.jsonl")"; exit 1; }
+fi
 echo "vision_golden: OK"

@@ -257,5 +257,32 @@ TEST(ChatFormat, PythonJsonDumps) {
             "\"x\\u0001\u007f\u00e9\u2028\\\"\\\\ \\b\\f\\n\\r\\t\"");
 }
 
+// V4 takes string content only: OpenAI's list of text blocks renders as the texts joined by "\n"
+// (vLLM's "string" content format), the same prompt as that string; other block types are an error.
+TEST(ChatFormat, V4ListContentOfTextBlocksIsItsJoinedText) {
+  ChatOptions v4;
+  v4.encoding = ChatEncoding::kDeepseekV4;
+  v4.add_generation_prompt = true;
+  const Json blocks = Json::parse(
+      R"([{"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]}])");
+  const Json flat = Json::parse(R"([{"role": "user", "content": "Hello\nthere"}])");
+  EXPECT_EQ(RenderChat(blocks, v4), RenderChat(flat, v4));
+  EXPECT_NE(RenderChat(blocks, v4).find("Hello\nthere"), std::string::npos);
+  auto message = [&](const char* text) {
+    try {
+      RenderChat(Json::parse(text), v4);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(R"([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])"),
+            "chat message 0: \"content\"[0]: content block type \"image_url\" is not supported by this model (text only)");
+  EXPECT_EQ(message(R"([{"role": "user", "content": [{"type": "text", "text": 3}]}])"),
+            "chat message 0: \"content\"[0].text must be a string");
+  EXPECT_EQ(message(R"([{"role": "user", "content": [{"type": {"a": 1}}]}])"),
+            "chat message 0: \"content\"[0]: content block type \"\" is not supported by this model (text only)");
+}
+
 }  // namespace
 }  // namespace deepinfer
