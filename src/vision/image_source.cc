@@ -1,6 +1,7 @@
 // deepinfer/vision/image_source.cc — see image_source.h.
 #include "vision/image_source.h"
 
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -63,11 +64,26 @@ std::string ImageUrlBytes(const std::string& url, const std::string& field, bool
     Fail(ErrorKind::kInvalidArgument, "{}: only data: URLs are accepted (no network access){}", field,
          allow_files ? " or local file paths" : "");
   const std::string path = file_url ? url.substr(7) : url;
+  // Only regular files of bounded size: /dev/zero, a FIFO or a huge file must
+  // fail this request, not exhaust the process's memory.
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(st))
+    Fail(ErrorKind::kInvalidArgument, "{}: cannot open image file {}", field, path);
+  if (!std::filesystem::is_regular_file(st))
+    Fail(ErrorKind::kInvalidArgument, "{}: image file {} is not a regular file", field, path);
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) Fail(ErrorKind::kInvalidArgument, "{}: cannot read the size of image file {}", field, path);
+  if (size > kMaxImageFileBytes)
+    Fail(ErrorKind::kInvalidArgument, "{}: image file {} is {} bytes, more than the limit {}", field, path, size,
+         kMaxImageFileBytes);
   std::ifstream f(path, std::ios::binary);
   if (!f) Fail(ErrorKind::kInvalidArgument, "{}: cannot open image file {}", field, path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  std::string bytes(static_cast<size_t>(size), '\0');
+  f.read(bytes.data(), static_cast<std::streamsize>(size));
+  if (static_cast<uintmax_t>(f.gcount()) != size)
+    Fail(ErrorKind::kInvalidArgument, "{}: image file {} changed while being read", field, path);
+  return bytes;
 }
 
 namespace {

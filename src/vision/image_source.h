@@ -5,6 +5,7 @@
 // only data: URLs, and local files where the caller allows them (the CLI).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -24,7 +25,10 @@ std::string DecodeBase64(std::string_view in, const std::string& what);
 // ("messages[0].content[1].image_url.url"). "data:<mime>;base64,<payload>" is
 // decoded; http(s):// and every other scheme are refused naming the field
 // ("only data: URLs are accepted (no network access)"); a plain path or
-// file:// URL is read when allow_files, refused otherwise.
+// file:// URL is read when allow_files, refused otherwise; only a regular
+// file of at most kMaxImageFileBytes is read (else Error(kInvalidArgument)
+// naming the field and the file).
+inline constexpr uintmax_t kMaxImageFileBytes = uintmax_t{64} << 20;  // 64 MiB
 std::string ImageUrlBytes(const std::string& url, const std::string& field, bool allow_files);
 
 // Every image block of `messages` in rendering order (message order, blocks in

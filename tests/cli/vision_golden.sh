@@ -51,6 +51,16 @@ for p, r in zip(g["prompts"], rows):
     assert d < 1e-6, (k, d)
     print(f"case {k}: 9 greedy tokens equal, top-20 ids equal, max |d logprob| {d:.2e}")
 PY
+# An image path that is not a regular file (or is too large) fails its line only, without reading it.
+printf '{"prompt_token_ids": [0, 129264, 6], "images": ["/dev/zero"], "max_tokens": 2}\n{"prompt": "hi", "max_tokens": 2}\n' \
+  >"$WORK/z.jsonl"
+"$BIN" generate --model "$MODEL" --prompts "$WORK/z.jsonl" --output "$WORK/z_out.jsonl" --threads 1 2>/dev/null \
+  || { echo "vision_golden: generate with /dev/zero as an image exited $?"; exit 1; }
+python3 - "$WORK/z_out.jsonl" <<'PY'
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+assert len(r) == 2 and "not a regular file" in r[0].get("error", "") and "error" not in r[1], r
+PY
 # A model without a vision tower refuses image blocks (as the server's 400), never renders them as text.
 if [ -n "${DEEPINFER_TINY_DIR:-}" ] && [ -f "$DEEPINFER_TINY_DIR/config.json" ]; then
   printf '{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "%s"}}]}], "max_tokens": 2}\n' \
