@@ -8,6 +8,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -548,6 +549,135 @@ TEST(CpuKernels, SparseAttentionBitIdentical) {
       ref::SparseAttention(q.data(), c.H, c.D, kv.data(), slots.data(), n, c.list_len, sink.data(), scale, want.data());
       SparseAttention(q.data(), c.H, c.D, kv.data(), slots.data(), n, c.list_len, sink.data(), scale, got.data());
       EXPECT_TRUE(SameBits(got, want)) << "H=" << c.H << " D=" << c.D << " n=" << n;
+    }
+  });
+}
+
+// The V4.1 indexer's scalar score loop (model.cc ForwardPass::Indexer), keys row-major.
+void IndexerScoresOracle(const float* q, const float* w, int64_t nh, int64_t ID, const float* keys, int64_t n,
+                         float* score) {
+  for (int64_t j = 0; j < n; ++j) {
+    float acc = 0.0f;
+    for (int64_t h = 0; h < nh; ++h) {
+      const float* qh = q + h * ID;
+      const float* kj = keys + j * ID;
+      float dot = 0.0f;
+      for (int64_t c = 0; c < ID; ++c) dot += qh[c] * kj[c];
+      const float rl = std::max(RoundBf16(dot), 0.0f);
+      acc += RoundBf16(rl * w[h]);
+    }
+    score[j] = RoundBf16(acc);
+  }
+}
+
+TEST(CpuKernels, IndexerScoresBitIdentical) {
+  struct Case {
+    int64_t nh, ID, n;
+    // 0 none, 1 NaN key, 2 NaN query, 3 NaN weight, 4 underflowing products, 5 Inf / Inf−Inf, 6 zero keys,
+    // 7 keys whose score an FMA would change
+    int special;
+  };
+  std::vector<Case> cases;
+  for (int64_t n : {1, 3, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 100, 129, 300})
+    cases.push_back({16, 128, n, 0});
+  for (int sp = 1; sp <= 7; ++sp) cases.push_back({16, 128, 77, sp});
+  cases.push_back({3, 5, 21, 0});
+  cases.push_back({1, 1, 9, 0});
+  cases.push_back({5, 33, 70, 4});
+  ForEachTarget([&] {
+    for (const Case& cs : cases) {
+      const int64_t nh = cs.nh, ID = cs.ID, n = cs.n;
+      const int64_t E = n + 5;  // keys past n exist and must not matter
+      std::mt19937_64 rng(900 + n * 7 + cs.special * 131 + nh);
+      // q: FP4 E2M1 values × a power-of-two scale per 32 (the FP4 QDQ'd query); k: BF16; w: signed BF16.
+      static const float kE2M1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+      std::vector<float> q(nh * ID), w(nh), keys(E * ID);
+      const int qexp_lo = cs.special == 4 ? -80 : -6;
+      for (int64_t g = 0; g < nh * ID; g += 32) {
+        const int e = qexp_lo + static_cast<int>(rng() % 6);
+        for (int64_t t = g; t < std::min(nh * ID, g + 32); ++t)
+          q[t] = std::ldexp(kE2M1[rng() % 8], e) * ((rng() & 1) ? -1.0f : 1.0f);
+      }
+      const std::vector<uint16_t> kb = RandomBf16(E * ID, 901 + n);
+      for (int64_t t = 0; t < E * ID; ++t) keys[t] = Bf16ToFloat(kb[t]);
+      if (cs.special == 4)  // products near and below the FP32 subnormal range: dots that round to ±0 / subnormals
+        for (auto& k : keys) k = RoundBf16(std::ldexp(k, -62));
+      for (auto& v : w) v = RoundBf16(static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 700.0f);
+      switch (cs.special) {
+        case 1:
+          keys[5 * ID + 3] = BitsFloat(0x7FC10000u);
+          keys[40 * ID + 0] = BitsFloat(0xFFC30000u);
+          break;
+        case 2: q[2 * ID + 7] = BitsFloat(0xFFE50000u); break;
+        case 3: w[4] = BitsFloat(0x7FC70000u); break;
+        case 5:
+          for (int64_t c = 0; c < ID; ++c) keys[9 * ID + c] = BitsFloat(0x7F7F0000u) * ((c & 1) ? -1.0f : 1.0f);
+          keys[12 * ID + 1] = std::numeric_limits<float>::infinity();
+          keys[13 * ID + 2] = -std::numeric_limits<float>::infinity();
+          break;
+        case 6:
+          for (int64_t j : {0, 20, 76})
+            for (int64_t c = 0; c < ID; ++c) keys[j * ID + c] = (c & 1) ? -0.0f : 0.0f;
+          break;
+        case 7:
+          // q_h = (2^-75, 2^-75, 2^-75, 0, ...); keys 3 and 50: (1.5·2^-58, -2^-74, 2^-75, ...): the dot is
+          // 3·2^-134 − 2^-149, then + 2^-150, which the multiply rounds to 0 (bf16(dot) = 2^-133) but an
+          // FMA adds (tie to even: 3·2^-134, bf16 2^-132).
+          for (int64_t h = 0; h < nh; ++h)
+            for (int64_t c = 0; c < ID; ++c) q[h * ID + c] = c < 3 ? std::ldexp(1.0f, -75) : 0.0f;
+          for (auto& v : w) v = std::fabs(v);
+          for (int64_t j : {3, 50}) {
+            keys[j * ID + 0] = std::ldexp(1.5f, -58);
+            keys[j * ID + 1] = -std::ldexp(1.0f, -74);
+            keys[j * ID + 2] = std::ldexp(1.0f, -75);
+          }
+          break;
+        default: break;
+      }
+      std::vector<float> kt((E + kIndexKeyBlock - 1) / kIndexKeyBlock * kIndexKeyBlock * ID, 0.0f);
+      for (int64_t j = 0; j < E; ++j) {
+        std::vector<uint16_t> row(ID);
+        for (int64_t c = 0; c < ID; ++c) row[c] = static_cast<uint16_t>(FloatBits(keys[j * ID + c]) >> 16);
+        PackIndexKey(row.data(), j, ID, kt.data());
+      }
+      std::vector<float> want(n), got(n + 1, 42.0f);
+      IndexerScoresOracle(q.data(), w.data(), nh, ID, keys.data(), n, want.data());
+      IndexerScores(q.data(), w.data(), nh, ID, kt.data(), n, got.data());
+      EXPECT_EQ(FloatBits(got[n]), FloatBits(42.0f)) << "wrote past n=" << n;
+      got.resize(n);
+      int64_t bad = 0, first = -1;
+      for (int64_t j = 0; j < n; ++j)
+        if (FloatBits(got[j]) != FloatBits(want[j]) && bad++ == 0) first = j;  // NaN payloads too
+      EXPECT_EQ(bad, 0) << "nh=" << nh << " ID=" << ID << " n=" << n << " special=" << cs.special << " first at "
+                        << first << ": got " << (first >= 0 ? got[first] : 0) << " want "
+                        << (first >= 0 ? want[first] : 0);
+      if (cs.special == 1) {
+        EXPECT_TRUE(std::isnan(want[5]) && std::isnan(want[40]));
+      }
+      if (cs.special == 7) {  // the test sees an FMA
+        std::vector<float> fma(n);
+        for (int64_t j = 0; j < n; ++j) {
+          float acc = 0.0f;
+          for (int64_t h = 0; h < nh; ++h) {
+            float dot = 0.0f;
+            for (int64_t c = 0; c < ID; ++c) dot = std::fma(q[h * ID + c], keys[j * ID + c], dot);
+            acc += RoundBf16(std::max(RoundBf16(dot), 0.0f) * w[h]);
+          }
+          fma[j] = RoundBf16(acc);
+        }
+        EXPECT_NE(FloatBits(fma[3]), FloatBits(want[3]));
+        EXPECT_NE(FloatBits(fma[50]), FloatBits(want[50]));
+      }
+      if (cs.special == 4) {  // the inputs really reach -0.0 after the rounding (std::max keeps it)
+        int64_t neg_zero = 0;
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t h = 0; h < nh; ++h) {
+            float dot = 0.0f;
+            for (int64_t c = 0; c < ID; ++c) dot += q[h * ID + c] * keys[j * ID + c];
+            neg_zero += FloatBits(RoundBf16(dot)) == 0x80000000u;
+          }
+        EXPECT_GT(neg_zero, 0);
+      }
     }
   });
 }

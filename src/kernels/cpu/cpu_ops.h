@@ -169,6 +169,25 @@ void HcMixes(const float* X, int64_t M, int hc, int64_t d, const PackedF32& fn, 
 void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv, const int32_t* slot, int n,
                      int32_t list_len, const float* sink, float softmax_scale, float* out);
 
+// Lightning-indexer scores of one query row (model-spec indexer; the
+// reference's score formula), bit-identical to the scalar loop
+//   for j < n: acc = 0
+//     for h < nh: dot = 0; for c < ID: dot += q[h·ID + c]·k_j[c]   (multiply, then add)
+//                 acc += bf16(max(bf16(dot), 0.0f)·w[h])          (std::max: NaN, -0.0 kept)
+//     score[j] = bf16(acc)
+// q [nh, ID] FP32 (the FP4-QDQ'd query heads), w [nh] FP32 (BF16-rounded
+// head weights), score [n] FP32 (BF16 values). The keys k_j (BF16 rows of ID
+// elements, j < n) are read from the blocked FP32 layout kt written by
+// PackIndexKey: kt[(j/16)·16·ID + c·16 + j%16] = k_j[c], kt sized to
+// ceil(E/16)·16·ID elements with the padding keys zero. Each SIMD lane owns
+// one key and performs exactly the loop's operations in its order (separate
+// multiply and add: the product can underflow, so FMA would change bits), so
+// the result does not depend on the target or on n.
+inline constexpr int64_t kIndexKeyBlock = 16;
+void PackIndexKey(const uint16_t* k, int64_t j, int64_t ID, float* kt);
+void IndexerScores(const float* q, const float* w, int64_t nh, int64_t ID, const float* kt, int64_t n,
+                   float* score);
+
 // ------------------------------------------------------------------ activation quantiser
 // Fused activation quantisation of rows x [M, K] (model-spec §3.1(b) step 1),
 // bit-identical to QuantizeActE4M3 (with the same fmt) followed by
