@@ -138,16 +138,77 @@ constexpr int kBlockMT = kLanes >= 8 ? 6 : 1;
 // 2.2-2.4x faster; on AVX-512 the in-register conversion is cheap relative
 // to 24 FMAs per weight vector and the direct micro-tile is as fast or faster.
 constexpr bool kUseBlockGemm = kLanes == 8;
+// The m-chunks of ParallelItems start at multiples of 96: every chunk then
+// starts at a group boundary of the packed activations below.
+static_assert(96 % kBlockMT == 0, "packed activation groups must not straddle an m-chunk");
+
+// Activations of the block GEMM, packed once per call: rows in groups of
+// kBlockMT, out[(g·K + k)·kBlockMT + i] = q[(g·kBlockMT + i)·K + k] (the
+// unused rows of the last group are left unset; the micro-tile never reads
+// them). The micro-tile's broadcasts then walk one contiguous stream per
+// group instead of kBlockMT rows K floats apart (with K = 5120 those rows
+// all fall into one L1 set).
+HWY_INLINE void PackActGroups(const float* HWY_RESTRICT q, int64_t M, int64_t K, float* HWY_RESTRICT out) {
+  constexpr int64_t R = kBlockMT;
+  for (int64_t g = 0; g * R < M; ++g) {
+    const int64_t rows = std::min<int64_t>(R, M - g * R);
+    const float* src = q + g * R * K;
+    float* dst = out + g * R * K;
+    if (rows == R) {
+      for (int64_t k = 0; k < K; ++k) {
+        HWY_UNROLL(8)
+        for (int64_t i = 0; i < R; ++i) dst[k * R + i] = src[i * K + k];
+      }
+    } else {
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t i = 0; i < rows; ++i) dst[k * R + i] = src[i * K + k];
+    }
+  }
+}
+// Per-thread buffer for PackActGroups (grows, never shrinks).
+HWY_INLINE float* PackedActBuffer(int64_t M, int64_t K) {
+  thread_local AlignedArray<float> buf;
+  thread_local int64_t cap = 0;
+  const int64_t n = (M + kBlockMT - 1) / kBlockMT * kBlockMT * K;
+  if (cap < n) {
+    buf = AllocateAligned<float>(static_cast<size_t>(n));
+    cap = n;
+  }
+  return buf.get();
+}
+
+// The k loop of BlockMicro: KLEN columns (a compile-time 32 for the V4.1
+// block, 0 = klen at run time).
+template <int V, int MT, int MTS, int KLEN>
+HWY_INLINE void BlockMicroK(VF (&part)[MT][V], const float* HWY_RESTRICT w, int64_t klen,
+                            const float* HWY_RESTRICT q) {
+  const DF df;
+  const int64_t n = KLEN > 0 ? KLEN : klen;
+  HWY_UNROLL(4)
+  for (int64_t k = 0; k < n; ++k) {
+    const float* wk = w + k * kTileRows;
+    VF wv[V];
+    HWY_UNROLL(8)
+    for (int v = 0; v < V; ++v) wv[v] = hn::LoadU(df, wk + v * kLanes);
+    HWY_UNROLL(8)
+    for (int m = 0; m < MT; ++m) {
+      const VF qb = hn::Set(df, q[k * MTS + m]);
+      HWY_UNROLL(8)
+      for (int v = 0; v < V; ++v) part[m][v] = hn::MulAdd(qb, wv[v], part[m][v]);
+    }
+  }
+}
 
 // One micro-tile of the block GEMM of the quantised linears: V vectors of
 // output rows × MT activation rows over one K block of `klen` columns whose
-// weights are already FP32 operands (w[k·64 + r], r from the micro column),
-// then acc = acc + (partial·s_act)·s_w as the reference's block step.
+// weights are already FP32 operands (w[k·64 + r], r from the micro column)
+// and whose activations are packed (q[k·MTS + m], PackActGroups), then
+// acc = acc + (partial·s_act)·s_w as the reference's block step.
 // Each lane's partial sum walks k in increasing order with FMAs (exact
 // products: linear_common.h).
-template <int V, int MT>
+template <int V, int MT, int MTS>
 HWY_INLINE void BlockMicro(const float* HWY_RESTRICT w, int64_t klen, const float* HWY_RESTRICT sw,
-                           const float* HWY_RESTRICT q, int64_t ldq, const float* HWY_RESTRICT sa, int64_t lds,
+                           const float* HWY_RESTRICT q, const float* HWY_RESTRICT sa, int64_t lds,
                            float* HWY_RESTRICT acc) {
   const DF df;
   VF part[MT][V];
@@ -156,17 +217,10 @@ HWY_INLINE void BlockMicro(const float* HWY_RESTRICT w, int64_t klen, const floa
     HWY_UNROLL(8)
     for (int v = 0; v < V; ++v) part[m][v] = hn::Zero(df);
   }
-  for (int64_t k = 0; k < klen; ++k) {
-    const float* wk = w + k * kTileRows;
-    VF wv[V];
-    HWY_UNROLL(8)
-    for (int v = 0; v < V; ++v) wv[v] = hn::LoadU(df, wk + v * kLanes);
-    HWY_UNROLL(8)
-    for (int m = 0; m < MT; ++m) {
-      const VF qb = hn::Set(df, q[m * ldq + k]);
-      HWY_UNROLL(8)
-      for (int v = 0; v < V; ++v) part[m][v] = hn::MulAdd(qb, wv[v], part[m][v]);
-    }
+  if (klen == 32) {
+    BlockMicroK<V, MT, MTS, 32>(part, w, klen, q);
+  } else {
+    BlockMicroK<V, MT, MTS, 0>(part, w, klen, q);
   }
   HWY_UNROLL(8)
   for (int m = 0; m < MT; ++m) {
@@ -183,13 +237,16 @@ HWY_INLINE void BlockMicro(const float* HWY_RESTRICT w, int64_t klen, const floa
 // Block GEMM over items [item0, item1) (tile, m-chunk): for each K block of
 // `klen` columns, conv(tile, block, w, sw) writes the tile's 64 rows × klen
 // weights as FP32 operands into w[k·64 + r] and the per-row weight scales of
-// the block into sw[r]; then every micro column × every MT rows of the chunk
-// run over that converted block. The activation scale of block b is
+// the block into sw[r]; then every MT-row group of the chunk runs over every
+// micro column of that converted block (the group's packed activations stay
+// in L1 for the 64/(V·kLanes) micro columns). a.q holds the activations
+// packed by PackActGroups. The activation scale of block b is
 // sa[m·(K/ab) + b·klen/ab]. Output rounded to BF16.
 template <int V, int MT, typename Conv>
 HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int64_t klen, Conv&& conv) {
   constexpr int64_t kRows = V * static_cast<int64_t>(kLanes);
   static_assert(kTileRows % kRows == 0, "block micro-tile rows must divide the tile");
+  static_assert(MT == kBlockMT, "activations are packed in groups of kBlockMT rows");
   BlockScratch& s = ThreadBlockScratch();
   s.Resize(klen * kTileRows, a.mchunk * kTileRows);
   float* HWY_RESTRICT wbuf = s.w.get();
@@ -199,21 +256,25 @@ HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int6
   for (int64_t it = item0; it < item1; ++it) {
     const int64_t tile = it / a.mchunks, mc = it % a.mchunks;
     const int64_t m_begin = mc * a.mchunk, m_end = std::min(a.M, m_begin + a.mchunk);
+    HWY_ASSERT(m_begin % MT == 0);  // ParallelItems' chunk (96) is a multiple of MT
     const int64_t rows_left = a.N - tile * kTileRows;
+    const int vcols = static_cast<int>(std::min<int64_t>(kTileRows, rows_left) + kRows - 1) / static_cast<int>(kRows);
     std::fill(acc, acc + (m_end - m_begin) * kTileRows, 0.0f);
     for (int64_t b = 0; b < nblocks; ++b) {
       conv(tile, b, wbuf, swbuf);
       const int64_t k0 = b * klen, kb = k0 / a.ab;
-      for (int64_t roff = 0; roff < kTileRows && roff < rows_left; roff += kRows) {
-        const int64_t rows_here = std::min<int64_t>(kRows, rows_left - roff);
-        const int vt =
-            static_cast<int>((rows_here + static_cast<int64_t>(kLanes) - 1) / static_cast<int64_t>(kLanes));
-        for (int64_t m0 = m_begin; m0 < m_end; m0 += MT) {
-          const int rem = static_cast<int>(std::min<int64_t>(MT, m_end - m0));
+      for (int64_t m0 = m_begin; m0 < m_end; m0 += MT) {
+        const int rem = static_cast<int>(std::min<int64_t>(MT, m_end - m0));
+        const float* qg = a.q + m0 * a.K + k0 * MT;  // group m0/MT, column k0
+        for (int c = 0; c < vcols; ++c) {
+          const int64_t roff = c * kRows;
+          const int64_t rows_here = std::min<int64_t>(kRows, rows_left - roff);
+          const int vt =
+              static_cast<int>((rows_here + static_cast<int64_t>(kLanes) - 1) / static_cast<int64_t>(kLanes));
           WithVMT<V, MT>(vt, rem, [&](auto v, auto mt) {
             constexpr int kV = decltype(v)::value, kMT = decltype(mt)::value;
-            BlockMicro<kV, kMT>(wbuf + roff, klen, swbuf + roff, a.q + m0 * a.ldq + k0, a.ldq,
-                                a.sa + m0 * kblocks + kb, kblocks, acc + (m0 - m_begin) * kTileRows + roff);
+            BlockMicro<kV, kMT, MT>(wbuf + roff, klen, swbuf + roff, qg, a.sa + m0 * kblocks + kb, kblocks,
+                                    acc + (m0 - m_begin) * kTileRows + roff);
           });
         }
       }

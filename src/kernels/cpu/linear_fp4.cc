@@ -189,13 +189,24 @@ void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
   });
 }
 
+// Per-target entry: packs the activations for the block path, then runs
+// every item (ParallelItems).
+void RunFp4Call(QArgs& a) {
+  if (kUseBlockGemm && a.M >= kBlockGemmMinM) {
+    float* packed = PackedActBuffer(a.M, a.K);
+    PackActGroups(a.q, a.M, a.K, packed);
+    a.q = packed;
+  }
+  ParallelItems(a, &RunFp4);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace deepinfer::cpu
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace deepinfer::cpu {
-HWY_EXPORT(RunFp4);
+HWY_EXPORT(RunFp4Call);
 
 void LinearFp4(const float* x, int64_t M, const PackedFp4& w, int act_block, float* y, Fp8Format act_format) {
   if (M <= 0) return;
@@ -219,7 +230,7 @@ void LinearFp4(const float* x, int64_t M, const PackedFp4& w, int act_block, flo
   QuantizeActRows(x, M, a.K, act_block, buf.q.data(), buf.sa.data(), act_format);
   a.q = buf.q.data();
   a.sa = buf.sa.data();
-  ParallelItems(a, HWY_DYNAMIC_DISPATCH(RunFp4));
+  HWY_DYNAMIC_DISPATCH(RunFp4Call)(a);
 }
 
 }  // namespace deepinfer::cpu

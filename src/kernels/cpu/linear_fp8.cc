@@ -106,13 +106,24 @@ void RunFp8(const QArgs& a, int64_t item0, int64_t item1) {
   });
 }
 
+// Per-target entry: packs the activations for the block path, then runs
+// every item (ParallelItems).
+void RunFp8Call(QArgs& a) {
+  if (kUseBlockGemm && a.M >= kBlockGemmMinM) {
+    float* packed = PackedActBuffer(a.M, a.K);
+    PackActGroups(a.q, a.M, a.K, packed);
+    a.q = packed;
+  }
+  ParallelItems(a, &RunFp8);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace deepinfer::cpu
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace deepinfer::cpu {
-HWY_EXPORT(RunFp8);
+HWY_EXPORT(RunFp8Call);
 
 void LinearFp8(const float* x, int64_t M, const PackedFp8& w, int act_block, float* y, Fp8Format act_format) {
   if (M <= 0) return;
@@ -136,7 +147,7 @@ void LinearFp8(const float* x, int64_t M, const PackedFp8& w, int act_block, flo
   QuantizeActRows(x, M, a.K, act_block, buf.q.data(), buf.sa.data(), act_format);
   a.q = buf.q.data();
   a.sa = buf.sa.data();
-  ParallelItems(a, HWY_DYNAMIC_DISPATCH(RunFp8));
+  HWY_DYNAMIC_DISPATCH(RunFp8Call)(a);
 }
 
 }  // namespace deepinfer::cpu
