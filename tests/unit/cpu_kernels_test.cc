@@ -19,6 +19,7 @@
 
 #include "format/numerics.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/ref/ref_math.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace deepinfer::cpu {
@@ -522,35 +523,98 @@ TEST(CpuKernels, HcMixesBitIdentical) {
   });
 }
 
+TEST(CpuKernels, SleefExpfRowBitIdentical) {
+  // Specials, the range limits, a stride over every bit pattern and a denser
+  // stride over [-104, 1] (the attention's exp arguments), odd lengths.
+  std::vector<float> x = {0.0f, -0.0f, 1.0f, -1.0f, 100.0f, -104.0f, std::nextafter(100.0f, 200.0f),
+                          std::nextafter(-104.0f, -200.0f), std::nextafter(-104.0f, 0.0f), 88.72f, -87.33f,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::signaling_NaN(), std::numeric_limits<float>::denorm_min(),
+                          -std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::lowest(), -1e30f, 1e-30f};
+  auto BitsToFloat = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 65521) x.push_back(BitsToFloat(static_cast<uint32_t>(u)));
+  for (uint32_t u = FloatBits(1.0f); u > 0; u = u > 509 ? u - 509 : 0) x.push_back(BitsToFloat(u));
+  for (uint32_t u = 0x80000000u; u <= FloatBits(-104.0f); u += 509) x.push_back(BitsToFloat(u));
+  std::vector<float> want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = ref::SleefExpf(x[i]);
+  ForEachTarget([&] {
+    for (size_t n : {x.size(), size_t{1}, size_t{7}, size_t{21}}) {
+      std::vector<float> got(n, -1.0f);
+      SleefExpfRow(x.data(), static_cast<int64_t>(n), got.data());
+      EXPECT_TRUE(SameBits(got, std::vector<float>(want.begin(), want.begin() + static_cast<int64_t>(n))))
+          << "n=" << n;
+    }
+  });
+}
+
 TEST(CpuKernels, SparseAttentionBitIdentical) {
   struct Case {
     int H;
     int64_t D;
     int32_t list_len;
+    int keep;  // a slot holds a candidate with probability (keep-1)/keep; 0: every slot
   };
+  const float inf = std::numeric_limits<float>::infinity();
+  const int saved = omp_get_max_threads();
   ForEachTarget([&] {
-    for (const Case& c : {Case{4, 128, 70}, Case{16, 512, 200}, Case{20, 72, 130}, Case{1, 64, 5}}) {
-      std::mt19937_64 rng(800 + c.H);
-      // Candidates at ascending slots with gaps; chunk 1 (slots 64..127) left empty when the list is long.
-      std::vector<int32_t> slots;
-      for (int32_t s = 0; s < c.list_len; ++s) {
-        if (c.list_len > 128 && s >= 64 && s < 128) continue;
-        if (rng() % 3 != 0) slots.push_back(s);
+    // H below, at and past the lanes; D not a whole number of vectors or
+    // tiles; last chunks of 1..63 slots; n past the OpenMP split threshold;
+    // many heads (130k outputs: a one-ulp change of a softmax sum shows
+    // through the BF16 rounding of some of them).
+    for (const Case& c : {Case{4, 128, 70, 3}, Case{16, 512, 200, 3}, Case{20, 72, 130, 3}, Case{1, 64, 5, 3},
+                          Case{16, 512, 640, 0}, Case{17, 40, 1000, 4}, Case{3, 24, 71, 0}, Case{8, 8, 9, 2},
+                          Case{33, 200, 575, 5}, Case{16, 520, 129, 3}, Case{5, 1, 64, 0}, Case{256, 512, 160, 3}}) {
+      // variant 0: BF16 queries (as the model's), 1: special values, 2: FP32 queries (inexact q·k products)
+      for (int variant = 0; variant < 3; ++variant) {
+        std::mt19937_64 rng(800 + c.H + variant);
+        // Candidates at ascending slots with gaps; chunk 1 (slots 64..127) left empty when the list is long.
+        std::vector<int32_t> slots;
+        for (int32_t s = 0; s < c.list_len; ++s) {
+          if (c.list_len > 128 && s >= 64 && s < 128) continue;
+          if (c.keep == 0 || rng() % c.keep != 0) slots.push_back(s);
+        }
+        const int n = static_cast<int>(slots.size());
+        std::vector<uint16_t> rows = RandomBf16(n * c.D, 801 + c.H);
+        std::vector<const uint16_t*> kv(n);
+        for (int i = 0; i < n; ++i) kv[i] = rows.data() + i * c.D;
+        std::vector<float> q = RandomActs(c.H * c.D, 802 + c.H, -3.0f, 2.0f);
+        std::vector<float> sink(c.H);
+        for (auto& s : sink) s = static_cast<float>(static_cast<int>(rng() % 200) - 100) / 25.0f;
+        if (variant == 1) {
+          // Special values: a head of -inf scores, one of ±inf/NaN scores, one
+          // with a NaN query element, one whose exps underflow, infinite sinks.
+          for (int i = 0; i < n; ++i) rows[i * c.D] = FloatToBf16(0.5f + static_cast<float>(i % 3));
+          q[0] = -inf;
+          if (c.H > 1) q[c.D] = 1e38f, q[c.D + c.D / 2] = 1e38f;
+          if (c.H > 2) q[2 * c.D + c.D - 1] = std::numeric_limits<float>::quiet_NaN();
+          if (c.H > 3)
+            for (int64_t d = 0; d < c.D; ++d) q[3 * c.D + d] *= 300.0f;
+          sink[0] = -inf;
+          if (c.H > 4) sink[4] = inf;
+        }
+        if (variant == 2)
+          for (auto& v : q) v *= 1.1f;
+        const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+        std::vector<float> want(c.H * c.D);
+        ref::SparseAttention(q.data(), c.H, c.D, kv.data(), slots.data(), n, c.list_len, sink.data(), scale,
+                             want.data());
+        for (int threads : {1, 2}) {
+          omp_set_num_threads(threads);
+          std::vector<float> got(c.H * c.D, -1.0f);
+          SparseAttention(q.data(), c.H, c.D, kv.data(), slots.data(), n, c.list_len, sink.data(), scale, got.data());
+          EXPECT_TRUE(SameBits(got, want)) << "H=" << c.H << " D=" << c.D << " n=" << n << " list_len=" << c.list_len
+                                           << " variant=" << variant << " threads=" << threads;
+        }
       }
-      const int n = static_cast<int>(slots.size());
-      const std::vector<uint16_t> rows = RandomBf16(n * c.D, 801 + c.H);
-      std::vector<const uint16_t*> kv(n);
-      for (int i = 0; i < n; ++i) kv[i] = rows.data() + i * c.D;
-      std::vector<float> q = RandomActs(c.H * c.D, 802 + c.H, -3.0f, 2.0f);
-      std::vector<float> sink(c.H);
-      for (auto& s : sink) s = static_cast<float>(static_cast<int>(rng() % 200) - 100) / 25.0f;
-      const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
-      std::vector<float> want(c.H * c.D), got(c.H * c.D, -1.0f);
-      ref::SparseAttention(q.data(), c.H, c.D, kv.data(), slots.data(), n, c.list_len, sink.data(), scale, want.data());
-      SparseAttention(q.data(), c.H, c.D, kv.data(), slots.data(), n, c.list_len, sink.data(), scale, got.data());
-      EXPECT_TRUE(SameBits(got, want)) << "H=" << c.H << " D=" << c.D << " n=" << n;
     }
   });
+  omp_set_num_threads(saved);
 }
 
 // The V4.1 indexer's scalar score loop (model.cc ForwardPass::Indexer), keys row-major.

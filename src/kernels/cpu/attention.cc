@@ -1,18 +1,31 @@
 // Sparse attention with sink for one query row (cpu_ops.h), bit-identical to
-// ref::SparseAttention: the same chunked online softmax, with
-//   * the q·k dot products computed 16 (AVX-512) heads per vector: q is
-//     transposed once per row to qt[d][h], each candidate's k[d] is broadcast,
-//     and every lane sums its head's products in increasing d, as the
-//     reference's scalar loop does;
-//   * the P·V accumulation, the running rescale and the final division run
-//     along d (elementwise, same operations per element);
-//   * heads split over the OpenMP team in the P·V phase, candidates in the
-//     score phase.
+// ref::SparseAttention: the same chunked online softmax, in three phases:
+//   1. scores, kScoreBlock candidates at a time: their rows are widened to
+//      FP32 in a per-thread block and the q·k dot products computed kLanes
+//      heads per vector (q transposed once to qt[d][h], each candidate's k[d]
+//      broadcast, one accumulator per candidate), every lane summing its
+//      head's products in increasing d, as the reference's scalar loop does;
+//   2. softmax statistics, kLanes heads per vector: per chunk the running
+//      max, the rescale factor, every member's exp (SleefExpfV: SLEEF's expf
+//      with the reference's operations per lane) with its BF16 weight, and
+//      the chunk sum (TorchSumV: ref::TorchSum's addition order per lane);
+//   3. P·V per register tile of heads × d vectors, the keys read from the
+//      BF16 rows: per chunk the partial sums part + pb·k (multiply, then add)
+//      over the members in order, in registers, then acc·rescale + part;
+//      finally out = bf16(acc / sum).
+// Every output element sees exactly the reference's operations in its order.
+// The scratch is thread_local and only grows (no allocation per decode step).
+// A large call made outside any parallel region splits candidates (1), head
+// vectors (2) and tiles (3) over the OpenMP team; each element's arithmetic
+// stays inside one thread, so the result does not depend on the thread count.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention.cc"
 #include "kernels/cpu/hwy_targets.h"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+
+#include <hwy/aligned_allocator.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <limits>
@@ -23,91 +36,333 @@
 #include "kernels/cpu/hwy_util-inl.h"
 #include "kernels/ref/ref_math.h"
 
+#ifndef DEEPINFER_KERNELS_CPU_ATTENTION_ONCE_
+#define DEEPINFER_KERNELS_CPU_ATTENTION_ONCE_
+namespace deepinfer::cpu {
+constexpr int32_t kChunk = 64;  // ref::SparseAttention's softmax chunk
+constexpr int kScoreBlock = 8;  // candidates per q·k register tile
+// A chunk with members: slots [c0, c0 + clen), candidates [i0, i1).
+struct AttnChunk {
+  int32_t c0, clen;
+  int i0, i1;
+};
+// Per-call scratch; Hp, Dp: H and D rounded up to whole vectors.
+struct AttnScratch {
+  const uint16_t* const* kv;  // [n] BF16 candidate rows
+  const float* qt;     // [D][Hp] transposed query
+  float* kvt;          // [n][Dp - PvTailStart] widened tails of the rows, padding zero
+  float* dots;         // [n][Hp] q·k
+  float* pb;           // [n][Hp] bf16(exp(s - m))
+  float* pt;           // [kChunk][Hp] one chunk's exp values by slot
+  float* rescale;      // [chunks][Hp]
+  float* sum;          // [Hp]
+  const float* sink;   // [Hp]
+};
+}  // namespace deepinfer::cpu
+#endif
+
 HWY_BEFORE_NAMESPACE();
 namespace deepinfer::cpu {
 namespace HWY_NAMESPACE {
 
-// kvf[i][0..D) = BF16 row kv[i] widened.
-void WidenRows(const uint16_t* const* kv, int n, int64_t D, float* kvf) {
+// ref::SleefExpf on every lane. The FMA targets run its operations as
+// vectors (same roundings: fused where it uses std::fma, the same
+// nearest-even conversion; out-of-range conversions only reach lanes the
+// final selects overwrite); the fallback calls it per lane, as its MulAdd
+// is not fused.
+HWY_INLINE VF SleefExpfV(VF d) {
+  const DF df;
+#if HWY_TARGET == HWY_EMU128 || HWY_TARGET == HWY_SCALAR
+  HWY_ALIGN float x[kLanes];
+  hn::Store(d, df, x);
+  for (size_t l = 0; l < kLanes; ++l) x[l] = ref::SleefExpf(x[l]);
+  return hn::Load(df, x);
+#else
+  const hn::RebindToSigned<DF> di;
+  const VF rln2 = hn::Set(df, 1.442695040888963407359924681001892137426645954152985934135449406931f);
+  const auto q = hn::NearestInt(hn::Mul(d, rln2));
+  const VF qf = hn::ConvertTo(df, q);
+  VF s = hn::MulAdd(qf, hn::Set(df, -0.693145751953125f), d);
+  s = hn::MulAdd(qf, hn::Set(df, -1.428606765330187045e-06f), s);
+  VF u = hn::Set(df, 0.000198527617612853646278381f);
+  u = hn::MulAdd(u, s, hn::Set(df, 0.00139304355252534151077271f));
+  u = hn::MulAdd(u, s, hn::Set(df, 0.00833336077630519866943359f));
+  u = hn::MulAdd(u, s, hn::Set(df, 0.0416664853692054748535156f));
+  u = hn::MulAdd(u, s, hn::Set(df, 0.166666671633720397949219f));
+  u = hn::MulAdd(u, s, hn::Set(df, 0.5f));
+  u = hn::Add(hn::Set(df, 1.0f), hn::MulAdd(hn::Mul(s, s), u, s));
+  // Ldexp2: u·2^(q>>1)·2^(q - (q>>1)).
+  const auto q1 = hn::ShiftRight<1>(q);
+  const auto bias = hn::Set(di, 0x7f);
+  u = hn::Mul(u, hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(q1, bias))));
+  u = hn::Mul(u, hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(hn::Sub(q, q1), bias))));
+  u = hn::IfThenZeroElse(hn::Lt(d, hn::Set(df, -104.0f)), u);
+  u = hn::IfThenElse(hn::Lt(hn::Set(df, 100.0f), d), hn::Set(df, std::numeric_limits<float>::infinity()), u);
+  return hn::IfThenElse(hn::IsNaN(d), d, u);
+#endif
+}
+
+// std::max(a, b) per lane (a unless a < b: NaN b and ±0 ties keep a).
+HWY_INLINE VF StdMax(VF a, VF b) { return hn::IfThenElse(hn::Lt(a, b), b, a); }
+
+// c10::utils::CeilLog2.
+inline int64_t CeilLog2(int64_t x) {
+  if (x <= 2) return 1;
+  uint64_t v = static_cast<uint64_t>(x) - 1;
+  int64_t n = 0;
+  while (v) { ++n; v >>= 1; }
+  return n;
+}
+
+// ref::TorchRowSum<L> per lane: `size` elements of L scalars, scalar j of
+// the row at x[j·stride].
+template <int L>
+HWY_INLINE void TorchRowSumV(const float* x, int64_t stride, int64_t size, VF* out) {
+  const DF df;
+  constexpr int kIlp = 4, kLevels = 4;
+  const int64_t size_ilp = size / kIlp;
+  VF acc[kLevels][kIlp][L];
+  for (int j = 0; j < kLevels; ++j)
+    for (int k = 0; k < kIlp; ++k)
+      for (int l = 0; l < L; ++l) acc[j][k][l] = hn::Zero(df);
+  const int64_t level_power = std::max<int64_t>(4, CeilLog2(size_ilp) / kLevels);
+  const int64_t level_step = int64_t{1} << level_power;
+  const int64_t level_mask = level_step - 1;
+  auto add_row = [&](int64_t i) {
+    for (int k = 0; k < kIlp; ++k)
+      for (int l = 0; l < L; ++l)
+        acc[0][k][l] = hn::Add(acc[0][k][l], hn::Load(df, x + ((i * kIlp + k) * L + l) * stride));
+  };
+  int64_t i = 0;
+  for (; i + level_step <= size_ilp;) {
+    for (int64_t j = 0; j < level_step; ++j, ++i) add_row(i);
+    for (int j = 1; j < kLevels; ++j) {
+      for (int k = 0; k < kIlp; ++k)
+        for (int l = 0; l < L; ++l) {
+          acc[j][k][l] = hn::Add(acc[j][k][l], acc[j - 1][k][l]);
+          acc[j - 1][k][l] = hn::Zero(df);
+        }
+      const int64_t mask = level_mask << (j * level_power);
+      if ((i & mask) != 0) break;
+    }
+  }
+  for (; i < size_ilp; ++i) add_row(i);
+  for (int j = 1; j < kLevels; ++j)
+    for (int k = 0; k < kIlp; ++k)
+      for (int l = 0; l < L; ++l) acc[0][k][l] = hn::Add(acc[0][k][l], acc[j][k][l]);
+  for (int64_t v = size_ilp * kIlp; v < size; ++v)
+    for (int l = 0; l < L; ++l) acc[0][0][l] = hn::Add(acc[0][0][l], hn::Load(df, x + (v * L + l) * stride));
+  for (int k = 1; k < kIlp; ++k)
+    for (int l = 0; l < L; ++l) acc[0][0][l] = hn::Add(acc[0][0][l], acc[0][k][l]);
+  for (int l = 0; l < L; ++l) out[l] = acc[0][0][l];
+}
+
+// ref::TorchSum per lane over n scalars x[j·stride] (j < n).
+HWY_INLINE VF TorchSumV(const float* x, int64_t stride, int64_t n) {
+  const DF df;
+  constexpr int kTorchLanes = 8;
+  if (n < kTorchLanes) {
+    VF r;
+    TorchRowSumV<1>(x, stride, n, &r);
+    return r;
+  }
+  const int64_t vec_size = n / kTorchLanes;
+  VF lanes[kTorchLanes];
+  TorchRowSumV<kTorchLanes>(x, stride, vec_size, lanes);
+  VF final_acc = hn::Zero(df);
+  for (int64_t k = vec_size * kTorchLanes; k < n; ++k) final_acc = hn::Add(final_acc, hn::Load(df, x + k * stride));
+  for (int l = 0; l < kTorchLanes; ++l) final_acc = hn::Add(final_acc, lanes[l]);
+  return final_acc;
+}
+
+// Tile shape: the HT·V partial sums, V key vectors and a broadcast fit the
+// register file (AVX-512: 16 + 4 + 1 of 32 zmm; AVX2: 8 + 2 + 1 of 16 ymm).
+constexpr int kPvV = kLanes >= 16 ? 4 : 2;
+constexpr int kPvHT = kLanes >= 8 ? 4 : 2;
+
+constexpr int64_t kPvStep = kPvV * static_cast<int64_t>(kLanes);
+
+int64_t PvTilesD(int64_t Dp) { return (Dp + kPvStep - 1) / kPvStep; }
+int64_t PvTilesH(int64_t H) { return (H + kPvHT - 1) / kPvHT; }
+// Start of the last d tile when D is not a whole number of vectors (its keys
+// come from kvt), else Dp.
+int64_t PvTailStart(int64_t D, int64_t Dp) {
+  return D % static_cast<int64_t>(kLanes) == 0 ? Dp : (Dp - 1) / kPvStep * kPvStep;
+}
+
+// dots[(i0 + j)·Hp + h] for candidates j < NC, heads [h0, h0 + kLanes), the
+// keys k[j·Dp + d]: one accumulator per candidate (NC independent addition
+// chains), each lane summing q[h][d]·k[d] in increasing d.
+template <int NC>
+HWY_INLINE void ScoreBlock(const float* qt, int64_t Hp, int64_t D, int64_t Dp, const float* k, int i0, int64_t h0,
+                           float* dots) {
+  const DF df;
+  VF a[NC];
+  HWY_UNROLL(8)
+  for (int j = 0; j < NC; ++j) a[j] = hn::Zero(df);
+  for (int64_t d = 0; d < D; ++d) {
+    const VF qv = hn::Load(df, qt + d * Hp + h0);
+    HWY_UNROLL(8)
+    for (int j = 0; j < NC; ++j) a[j] = hn::Add(a[j], hn::Mul(qv, hn::Set(df, k[j * Dp + d])));
+  }
+  HWY_UNROLL(8)
+  for (int j = 0; j < NC; ++j) hn::Store(a[j], df, dots + (i0 + j) * Hp + h0);
+}
+
+// Phase 1 for candidates [i0, i1) (at most kScoreBlock): the rows widened
+// into kb[(i - i0)·Dp + d] (padding zero; their tails from PvTailStart also
+// to kvt) and dots[i·Hp + h] = Σ_d q[h][d]·k_i[d] (increasing d).
+static_assert(kScoreBlock == 8, "Scores' switch covers blocks of up to 8 candidates");
+void Scores(int64_t D, int64_t Dp, int64_t Hp, int i0, int i1, float* kb, const AttnScratch& w) {
   const DF df;
   const hn::RebindToUnsigned<DF> du;
   const hn::Rebind<uint16_t, DF> d16;
-  for (int i = 0; i < n; ++i) {
+  const int64_t dt = PvTailStart(D, Dp), tw = Dp - dt;
+  for (int i = i0; i < i1; ++i) {
+    const uint16_t* src = w.kv[i];
+    float* row = kb + (i - i0) * Dp;
     int64_t d = 0;
     for (; d + static_cast<int64_t>(kLanes) <= D; d += kLanes)
-      hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, kv[i] + d)))), df,
-                 kvf + i * D + d);
-    for (; d < D; ++d) kvf[i * D + d] = Bf16ToFloat(kv[i][d]);
+      hn::Store(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, src + d)))), df, row + d);
+    for (; d < D; ++d) row[d] = Bf16ToFloat(src[d]);
+    for (; d < Dp; ++d) row[d] = 0.0f;
+    for (d = dt; d < Dp; ++d) w.kvt[i * tw + d - dt] = row[d];
+  }
+  for (int64_t h0 = 0; h0 < Hp; h0 += kLanes) {
+    switch (i1 - i0) {
+      case 8: ScoreBlock<8>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+      case 7: ScoreBlock<7>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+      case 6: ScoreBlock<6>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+      case 5: ScoreBlock<5>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+      case 4: ScoreBlock<4>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+      case 3: ScoreBlock<3>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+      case 2: ScoreBlock<2>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+      default: ScoreBlock<1>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+    }
   }
 }
 
-// dots[i·Hp + h] = Σ_d q[h][d]·k_i[d] (increasing d) for candidates [i0, i1),
-// with qt[d·Hp + h] the transposed query (Hp = H rounded up to kLanes).
-void Scores(const float* qt, int64_t Hp, int64_t D, const float* kvf, int i0, int i1, float* dots) {
+// Phase 2 for heads [v·kLanes, (v+1)·kLanes): the reference's per-head
+// softmax loop, lane h its head: rescale[c·Hp + h] per chunk, pb[i·Hp + h]
+// per member, sum[h] with the sink.
+void Stats(const int32_t* slot, const AttnChunk* chunks, int nchunks, int64_t Hp, int64_t v, float softmax_scale,
+           const AttnScratch& w) {
   const DF df;
-  const int64_t hv = Hp / static_cast<int64_t>(kLanes);
-  int i = i0;
-  for (; i + 4 <= i1; i += 4) {
-    for (int64_t v = 0; v < hv; ++v) {
-      VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
-      const float* k0 = kvf + (i + 0) * D;
-      const float* k1 = kvf + (i + 1) * D;
-      const float* k2 = kvf + (i + 2) * D;
-      const float* k3 = kvf + (i + 3) * D;
-      for (int64_t d = 0; d < D; ++d) {
-        const VF qv = hn::LoadU(df, qt + d * Hp + v * kLanes);
-        a0 = hn::Add(a0, hn::Mul(qv, hn::Set(df, k0[d])));
-        a1 = hn::Add(a1, hn::Mul(qv, hn::Set(df, k1[d])));
-        a2 = hn::Add(a2, hn::Mul(qv, hn::Set(df, k2[d])));
-        a3 = hn::Add(a3, hn::Mul(qv, hn::Set(df, k3[d])));
+  const int64_t h0 = v * static_cast<int64_t>(kLanes);
+  const VF scale = hn::Set(df, softmax_scale);
+  VF m = hn::Set(df, -1e30f), sum_exp = hn::Zero(df);
+  for (int c = 0; c < nchunks; ++c) {
+    const AttnChunk& ch = chunks[c];
+    VF cmax = hn::Set(df, -std::numeric_limits<float>::infinity());
+    for (int i = ch.i0; i < ch.i1; ++i) cmax = StdMax(cmax, hn::Mul(hn::Load(df, w.dots + i * Hp + h0), scale));
+    const VF m_new = StdMax(m, cmax);
+    const VF rescale = SleefExpfV(hn::Sub(m, m_new));
+    hn::Store(rescale, df, w.rescale + c * Hp + h0);
+    for (int32_t j = 0; j < ch.clen; ++j) hn::Store(hn::Zero(df), df, w.pt + j * Hp + h0);
+    for (int i = ch.i0; i < ch.i1; ++i) {
+      const VF p = SleefExpfV(hn::Sub(hn::Mul(hn::Load(df, w.dots + i * Hp + h0), scale), m_new));
+      hn::Store(p, df, w.pt + (slot[i] - ch.c0) * Hp + h0);
+      hn::Store(RoundBf16V(p), df, w.pb + i * Hp + h0);
+    }
+    sum_exp = hn::Add(hn::Mul(sum_exp, rescale), TorchSumV(w.pt + h0, Hp, ch.clen));
+    m = m_new;
+  }
+  sum_exp = hn::Add(sum_exp, SleefExpfV(hn::Sub(hn::Load(df, w.sink + h0), m)));
+  hn::Store(sum_exp, df, w.sum + h0);
+}
+
+// P·V register tile: heads [h0, h0 + HT) × V vectors from d0, the keys read
+// from the BF16 rows, or (kTail: the tile holds the partial vector at D)
+// from the widened tails kvt (row stride tw, column 0 at d0).
+template <int V, int HT, bool kTail>
+HWY_INLINE void PvTile(const AttnChunk* chunks, int nchunks, int64_t Hp, int64_t D, int64_t tw, int64_t h0,
+                       int64_t d0, const AttnScratch& w, float* out) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint16_t, DF> d16;
+  HWY_ALIGN float acc[HT * V * kLanes];
+  for (auto& a : acc) a = 0.0f;
+  for (int c = 0; c < nchunks; ++c) {
+    VF part[HT][V];
+    HWY_UNROLL(8)
+    for (int t = 0; t < HT; ++t) {
+      HWY_UNROLL(8)
+      for (int u = 0; u < V; ++u) part[t][u] = hn::Zero(df);
+    }
+    for (int i = chunks[c].i0; i < chunks[c].i1; ++i) {
+      const float* pbi = w.pb + i * Hp + h0;
+      VF k[V];
+      if constexpr (kTail) {
+        HWY_UNROLL(8)
+        for (int u = 0; u < V; ++u) k[u] = hn::Load(df, w.kvt + i * tw + u * kLanes);
+      } else {
+        const uint16_t* kr = w.kv[i] + d0;
+        HWY_UNROLL(8)
+        for (int u = 0; u < V; ++u)
+          k[u] = hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, kr + u * kLanes))));
       }
-      hn::StoreU(a0, df, dots + (i + 0) * Hp + v * kLanes);
-      hn::StoreU(a1, df, dots + (i + 1) * Hp + v * kLanes);
-      hn::StoreU(a2, df, dots + (i + 2) * Hp + v * kLanes);
-      hn::StoreU(a3, df, dots + (i + 3) * Hp + v * kLanes);
+      HWY_UNROLL(8)
+      for (int t = 0; t < HT; ++t) {
+        const VF p = hn::Set(df, pbi[t]);
+        HWY_UNROLL(8)
+        for (int u = 0; u < V; ++u) part[t][u] = hn::Add(part[t][u], hn::Mul(p, k[u]));
+      }
+    }
+    const float* r = w.rescale + c * Hp + h0;
+    HWY_UNROLL(8)
+    for (int t = 0; t < HT; ++t) {
+      const VF rv = hn::Set(df, r[t]);
+      HWY_UNROLL(8)
+      for (int u = 0; u < V; ++u) {
+        float* a = acc + (t * V + u) * kLanes;
+        hn::Store(hn::Add(hn::Mul(hn::Load(df, a), rv), part[t][u]), df, a);
+      }
     }
   }
-  for (; i < i1; ++i) {
-    for (int64_t v = 0; v < hv; ++v) {
-      VF a0 = hn::Zero(df);
-      const float* k0 = kvf + i * D;
-      for (int64_t d = 0; d < D; ++d) a0 = hn::Add(a0, hn::Mul(hn::LoadU(df, qt + d * Hp + v * kLanes), hn::Set(df, k0[d])));
-      hn::StoreU(a0, df, dots + i * Hp + v * kLanes);
+  for (int t = 0; t < HT; ++t) {
+    const VF s = hn::Set(df, w.sum[h0 + t]);
+    for (int u = 0; u < V; ++u) {
+      const int64_t d = d0 + u * static_cast<int64_t>(kLanes);
+      if (d >= D) break;
+      StorePartial(RoundBf16V(hn::Div(hn::Load(df, acc + (t * V + u) * kLanes), s)),
+                   static_cast<size_t>(std::min<int64_t>(kLanes, D - d)), out + (h0 + t) * D + d);
     }
   }
 }
 
-// part[d] = part[d] + pb·kr[d]
-void AddScaled(float* part, float pb, const float* kr, int64_t D) {
-  const DF df;
-  const VF p = hn::Set(df, pb);
-  int64_t d = 0;
-  for (; d + static_cast<int64_t>(kLanes) <= D; d += kLanes)
-    hn::StoreU(hn::Add(hn::LoadU(df, part + d), hn::Mul(p, hn::LoadU(df, kr + d))), df, part + d);
-  for (; d < D; ++d) part[d] += pb * kr[d];
-}
-
-// acc[d] = acc[d]·rescale + part[d]
-void Rescale(float* acc, float rescale, const float* part, int64_t D) {
-  const DF df;
-  const VF r = hn::Set(df, rescale);
-  int64_t d = 0;
-  for (; d + static_cast<int64_t>(kLanes) <= D; d += kLanes)
-    hn::StoreU(hn::Add(hn::Mul(hn::LoadU(df, acc + d), r), hn::LoadU(df, part + d)), df, acc + d);
-  for (; d < D; ++d) acc[d] = acc[d] * rescale + part[d];
-}
-
-// out[d] = bf16(acc[d] / sum)
-void Finish(const float* acc, float sum, float* out, int64_t D) {
-  const DF df;
-  const VF s = hn::Set(df, sum);
-  int64_t d = 0;
-  for (; d + static_cast<int64_t>(kLanes) <= D; d += kLanes)
-    hn::StoreU(RoundBf16V(hn::Div(hn::LoadU(df, acc + d), s)), df, out + d);
-  for (; d < D; ++d) out[d] = RoundBf16(acc[d] / sum);
+// Phase 3 for tiles [t0, t1) of PvTilesD(Dp) × PvTilesH(H), d-major (a
+// thread's consecutive tiles share keys).
+void Pv(const AttnChunk* chunks, int nchunks, int64_t H, int64_t Hp, int64_t D, int64_t Dp, int64_t t0, int64_t t1,
+        const AttnScratch& w, float* out) {
+  const int64_t th = PvTilesH(H), dt = PvTailStart(D, Dp);
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t d0 = (t / th) * kPvStep, h0 = (t % th) * kPvHT;
+    const int vt = static_cast<int>(std::min<int64_t>(kPvV, (Dp - d0) / static_cast<int64_t>(kLanes)));
+    const int ht = static_cast<int>(std::min<int64_t>(kPvHT, H - h0));
+    WithVMT<kPvV, kPvHT>(vt, ht, [&](auto v, auto mt) {
+      constexpr int kV = decltype(v)::value, kHT = decltype(mt)::value;
+      if (d0 < dt) {
+        PvTile<kV, kHT, false>(chunks, nchunks, Hp, D, 0, h0, d0, w, out);
+      } else {
+        PvTile<kV, kHT, true>(chunks, nchunks, Hp, D, Dp - dt, h0, d0, w, out);
+      }
+    });
+  }
 }
 
 int64_t LanesF32() { return static_cast<int64_t>(kLanes); }
+
+// Vectorised ref::SleefExpf over a row (tests and elementwise callers).
+void ExpRow(const float* x, int64_t n, float* y) {
+  const DF df;
+  int64_t i = 0;
+  for (; i + static_cast<int64_t>(kLanes) <= n; i += kLanes) hn::StoreU(SleefExpfV(hn::LoadU(df, x + i)), df, y + i);
+  if (i < n) {
+    HWY_ALIGN float t[kLanes] = {};
+    for (int64_t j = i; j < n; ++j) t[j - i] = x[j];
+    StorePartial(SleefExpfV(hn::Load(df, t)), static_cast<size_t>(n - i), y + i);
+  }
+}
 
 }  // namespace HWY_NAMESPACE
 }  // namespace deepinfer::cpu
@@ -115,83 +370,87 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace deepinfer::cpu {
-HWY_EXPORT(WidenRows);
 HWY_EXPORT(Scores);
-HWY_EXPORT(AddScaled);
-HWY_EXPORT(Rescale);
-HWY_EXPORT(Finish);
+HWY_EXPORT(Stats);
+HWY_EXPORT(Pv);
+HWY_EXPORT(PvTilesD);
+HWY_EXPORT(PvTilesH);
+HWY_EXPORT(PvTailStart);
 HWY_EXPORT(LanesF32);
+HWY_EXPORT(ExpRow);
+
+void SleefExpfRow(const float* x, int64_t n, float* y) { HWY_DYNAMIC_DISPATCH(ExpRow)(x, n, y); }
+
+namespace {
+// Vector-aligned FP32 scratch that grows, never shrinks (no allocation per
+// decode step once the largest call has been seen).
+struct GrowBuf {
+  hwy::AlignedFreeUniquePtr<float[]> p;
+  int64_t cap = 0;
+  float* Get(int64_t n) {
+    if (n > cap) {
+      cap = std::max(n, cap + cap / 2);
+      p = hwy::AllocateAligned<float>(static_cast<size_t>(cap));
+    }
+    return p.get();
+  }
+};
+}  // namespace
 
 void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv, const int32_t* slot, int n,
                      int32_t list_len, const float* sink, float softmax_scale, float* out) {
-  constexpr int32_t kChunk = 64;
-  auto* widen = HWY_DYNAMIC_DISPATCH(WidenRows);
   auto* scores = HWY_DYNAMIC_DISPATCH(Scores);
-  auto* add_scaled = HWY_DYNAMIC_DISPATCH(AddScaled);
-  auto* rescale_fn = HWY_DYNAMIC_DISPATCH(Rescale);
-  auto* finish = HWY_DYNAMIC_DISPATCH(Finish);
+  auto* stats = HWY_DYNAMIC_DISPATCH(Stats);
+  auto* pv = HWY_DYNAMIC_DISPATCH(Pv);
   const int64_t L = HWY_DYNAMIC_DISPATCH(LanesF32)();
-  const int64_t Hp = ((H + L - 1) / L) * L;
-  // Scratch of the calling thread (grows, never shrinks: no allocation per
-  // decode step), shared with the team below through the pointers.
-  thread_local std::vector<float> kvf_buf, qt_buf, dots_buf;
-  kvf_buf.assign(static_cast<size_t>(n) * D, 0.0f);
-  qt_buf.assign(static_cast<size_t>(D * Hp), 0.0f);
-  dots_buf.assign(static_cast<size_t>(n) * Hp, 0.0f);
-  float* const kvf = kvf_buf.data();
-  float* const qt = qt_buf.data();
-  float* const dots = dots_buf.data();
-  for (int h = 0; h < H; ++h)
-    for (int64_t d = 0; d < D; ++d) qt[d * Hp + h] = q[h * D + d];
-  // Heads in parallel only when the call is large (a long decode list): a
-  // fork/join costs tens of microseconds, more than a short list's work.
-  const bool par = static_cast<int64_t>(n) * D * H >= (int64_t{1} << 21);
+  const int64_t Hp = ((H + L - 1) / L) * L, Dp = ((D + L - 1) / L) * L;
+  const int64_t tiles = HWY_DYNAMIC_DISPATCH(PvTilesD)(Dp) * HWY_DYNAMIC_DISPATCH(PvTilesH)(H);
+  // The chunks with members, as the reference walks them.
+  thread_local std::vector<AttnChunk> chunks;
+  chunks.clear();
+  for (int32_t c0 = 0, i = 0; c0 < list_len; c0 += kChunk) {
+    const int32_t clen = std::min(kChunk, list_len - c0);
+    const int i0 = i;
+    while (i < n && slot[i] < c0 + clen) ++i;
+    if (i > i0) chunks.push_back({c0, clen, i0, i});
+  }
+  const int nchunks = static_cast<int>(chunks.size());
+  // Scratch of the calling thread (vector-aligned rows), shared with the team.
+  thread_local GrowBuf qt_buf, kvt_buf, dots_buf, pb_buf, pt_buf, rescale_buf, sum_buf, sink_buf;
+  AttnScratch w;
+  float* qt = qt_buf.Get(D * Hp);
+  float* sk = sink_buf.Get(Hp);
+  for (int64_t d = 0; d < D; ++d) {
+    for (int h = 0; h < H; ++h) qt[d * Hp + h] = q[h * D + d];
+    for (int64_t h = H; h < Hp; ++h) qt[d * Hp + h] = 0.0f;
+  }
+  for (int64_t h = 0; h < Hp; ++h) sk[h] = h < H ? sink[h] : 0.0f;
+  w.kv = kv;
+  w.qt = qt;
+  w.sink = sk;
+  w.kvt = kvt_buf.Get(static_cast<int64_t>(n) * (Dp - HWY_DYNAMIC_DISPATCH(PvTailStart)(D, Dp)));
+  w.dots = dots_buf.Get(static_cast<int64_t>(n) * Hp);
+  w.pb = pb_buf.Get(static_cast<int64_t>(n) * Hp);
+  w.pt = pt_buf.Get(kChunk * Hp);
+  w.rescale = rescale_buf.Get(static_cast<int64_t>(nchunks) * Hp);
+  w.sum = sum_buf.Get(Hp);
+  const AttnChunk* ch = chunks.data();
+  // A team only for a large call (a fork/join costs more than a short list's
+  // work) made outside any parallel region: inside one (the model's row loop,
+  // even with one row) the team would be nested, and libgomp starts its
+  // threads anew on every call (large preset decode: the step's attention 6x
+  // slower than on one thread, and a heap allocation per thread and call).
+  const bool par = static_cast<int64_t>(n) * D * H >= (int64_t{1} << 21) && omp_get_level() == 0;
 #pragma omp parallel if (par)
   {
+    thread_local GrowBuf kb_buf;  // each thread's widened score block
+    float* kb = kb_buf.Get(kScoreBlock * Dp);
 #pragma omp for schedule(static)
-    for (int i0 = 0; i0 < n; i0 += 8) {
-      const int i1 = std::min(n, i0 + 8);
-      widen(kv + i0, i1 - i0, D, kvf + static_cast<int64_t>(i0) * D);
-      scores(qt, Hp, D, kvf, i0, i1, dots);
-    }
-    thread_local std::vector<float> acc, part, pchunk, s;
-    thread_local std::vector<int> members;
-    acc.assign(static_cast<size_t>(D), 0.0f);
-    part.assign(static_cast<size_t>(D), 0.0f);
-    pchunk.assign(kChunk, 0.0f);
-    s.assign(kChunk, 0.0f);
+    for (int i0 = 0; i0 < n; i0 += kScoreBlock) scores(D, Dp, Hp, i0, std::min(n, i0 + kScoreBlock), kb, w);
 #pragma omp for schedule(static)
-    for (int h = 0; h < H; ++h) {
-      float m = -1e30f, sum_exp = 0.0f;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      int i = 0;
-      for (int32_t c0 = 0; c0 < list_len; c0 += kChunk) {
-        const int32_t clen = std::min(kChunk, list_len - c0);
-        members.clear();
-        while (i < n && slot[i] < c0 + clen) members.push_back(i++);
-        if (members.empty()) continue;  // all absent: scale 1, zero contributions
-        float cmax = -std::numeric_limits<float>::infinity();
-        for (size_t t = 0; t < members.size(); ++t) {
-          s[t] = dots[static_cast<int64_t>(members[t]) * Hp + h] * softmax_scale;
-          cmax = std::max(cmax, s[t]);
-        }
-        const float m_new = std::max(m, cmax);
-        const float rescale = ref::SleefExpf(m - m_new);
-        std::fill(pchunk.begin(), pchunk.begin() + clen, 0.0f);
-        std::fill(part.begin(), part.end(), 0.0f);
-        for (size_t t = 0; t < members.size(); ++t) {
-          const float p = ref::SleefExpf(s[t] - m_new);
-          pchunk[slot[members[t]] - c0] = p;
-          const float pb = RoundBf16(p);
-          add_scaled(part.data(), pb, kvf + static_cast<int64_t>(members[t]) * D, D);
-        }
-        sum_exp = sum_exp * rescale + ref::TorchSum(pchunk.data(), clen);
-        rescale_fn(acc.data(), rescale, part.data(), D);
-        m = m_new;
-      }
-      sum_exp = sum_exp + ref::SleefExpf(sink[h] - m);
-      finish(acc.data(), sum_exp, out + static_cast<int64_t>(h) * D, D);
-    }
+    for (int64_t v = 0; v < Hp / L; ++v) stats(slot, ch, nchunks, Hp, v, softmax_scale, w);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) pv(ch, nchunks, H, Hp, D, Dp, t, t + 1, w, out);
   }
 }
 

@@ -163,11 +163,15 @@ void Router(const float* x, int64_t M, const PackedBf16& gate, const float* cons
 void HcMixes(const float* X, int64_t M, int hc, int64_t d, const PackedF32& fn, const float* base,
              const float* scale, float norm_eps, int sinkhorn_iters, float hc_eps, const int32_t* sig_vec,
              float* pre, float* post, float* comb);
-// As ref::SparseAttention (one query row, all heads; heads in parallel). The
-// q·k dot products run 16 (AVX-512) candidates per vector, each lane in the
-// reference's d order; P·V and the rescaling run along d.
+// As ref::SparseAttention (one query row, all heads). The q·k dot products
+// and the softmax statistics run 16 (AVX-512) heads per vector, each lane in
+// the reference's order; P·V runs in register tiles of heads × d. A large
+// call made outside any parallel region splits the work over the OpenMP team
+// (inside one, e.g. the model's row loop, it runs on the calling thread).
 void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv, const int32_t* slot, int n,
                      int32_t list_len, const float* sink, float softmax_scale, float* out);
+// y[i] = ref::SleefExpf(x[i]), vectorised (bit-identical on every input).
+void SleefExpfRow(const float* x, int64_t n, float* y);
 
 // Lightning-indexer scores of one query row (model-spec indexer; the
 // reference's score formula), bit-identical to the scalar loop
