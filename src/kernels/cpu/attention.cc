@@ -440,7 +440,7 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
   // even with one row) the team would be nested, and libgomp starts its
   // threads anew on every call (large preset decode: the step's attention 6x
   // slower than on one thread, and a heap allocation per thread and call).
-  const bool par = static_cast<int64_t>(n) * D * H >= (int64_t{1} << 21) && omp_get_level() == 0;
+  const bool par = static_cast<int64_t>(n) * D * H >= (int64_t{1} << 20) && omp_get_level() == 0;
 #pragma omp parallel if (par)
   {
     thread_local GrowBuf kb_buf;  // each thread's widened score block

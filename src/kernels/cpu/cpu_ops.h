@@ -206,7 +206,7 @@ void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, floa
 // The linears split output tiles (and row chunks) over the OpenMP team
 // (base/parallel.h NumThreads()); a call with fewer than `macs` multiply-adds
 // (M·N·K) runs on the calling thread, which avoids a fork/join for the small
-// decode GEMVs (default 2^20). Never changes a result.
+// decode GEMVs (default 2^16, linear_common.h). Never changes a result.
 void SetMinParallelMacs(int64_t macs);
 
 // ------------------------------------------------------------------ dispatch control

@@ -149,8 +149,12 @@ inline ActBuffers& ThreadActBuffers() {
 }
 
 // Calls with fewer multiply-adds than this run on the calling thread only
-// (cpu_ops.h SetMinParallelMacs).
-inline int64_t g_min_parallel_macs = int64_t{1} << 20;
+// (cpu_ops.h SetMinParallelMacs). 2^16 (64 K weights, ~3 us of DRAM stream
+// per core) lets the small matrices of a decode step (wq_a, wkv, the shared
+// expert, the compressor: 0.5 M MACs at dim 1024) split over the team;
+// measured on the `large` preset, 2 threads: the step time is the same as
+// with 2^20 (23.3-23.5 ms) and 2^14 is slower (25.3 ms, fork/join cost).
+inline int64_t g_min_parallel_macs = int64_t{1} << 16;
 
 // Runs fn over all (tile, m-chunk) items on the OpenMP team (NumThreads()),
 // or on the calling thread for small calls. Each output element is produced

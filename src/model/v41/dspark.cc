@@ -14,6 +14,7 @@
 #include "kernels/ref/ref_ops.h"
 #include "model/v41/kernels.h"
 #include "model/v41/weights.h"
+#include "model/v41/workspace.h"
 #include "parallel/expert_parallel.h"
 
 namespace deepinfer::v41 {
@@ -132,7 +133,9 @@ class DraftPass {
            idx.data(), wts.data());
     auto swiglu = [&](const float* xin, int64_t m, const Fp4Linear* w1, const Fp4Linear* w3, const Fp4Linear* w2,
                       const Fp8Linear* s1, const Fp8Linear* s3, const Fp8Linear* s2, const float* rw, float* out) {
-      std::vector<float> gt(m * I), up(m * I);
+      thread_local std::vector<float> gt, up, neg;  // per thread: the routed experts run in parallel
+      Zeroed(gt, m * I);
+      Zeroed(up, m * I);
       if (w1) {
         Linear(xin, m, *w1, ab, gt.data());
         Linear(xin, m, *w3, ab, up.data());
@@ -140,16 +143,7 @@ class DraftPass {
         Linear(xin, m, *s1, ab, gt.data());
         Linear(xin, m, *s3, ab, up.data());
       }
-      for (int64_t i = 0; i < m * I; ++i) {
-        float u = up[i], g = gt[i];
-        if (lim > 0) {
-          u = std::min(std::max(u, -lim), lim);
-          g = std::min(g, lim);
-        }
-        float a = ref::TorchSilu(g) * u;
-        if (rw) a = rw[i / I] * a;
-        gt[i] = RoundBf16(a);
-      }
+      SwiGlu(gt.data(), up.data(), m, I, lim, rw, neg);
       if (w2) Linear(gt.data(), m, *w2, ab, out);
       else Linear(gt.data(), m, *s2, ab, out);
     };

@@ -673,13 +673,15 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   core.emplace(Region::kAttnCore);
   std::vector<float>& o = Zeroed(ws_.o, n * H * D);
   const float scale = static_cast<float>(std::pow(static_cast<double>(D), -0.5));
-#pragma omp parallel if(r1 - r0 > 1)
-  {
+  // One query row: the window and selected rows, then the attention kernel.
+  // Several rows run in parallel, one row per thread; a single row (a batch-1
+  // decode step) runs outside any parallel region, so the kernel can split
+  // its own work over the team (cpu::SparseAttention).
+  auto attend_row = [&](int64_t r) {
     thread_local std::vector<const uint16_t*> rows;
     thread_local std::vector<int32_t> slots;
     thread_local std::vector<uint16_t> ringbuf, cbuf;
-#pragma omp for schedule(dynamic)
-    for (int64_t r = r0; r < r1; ++r) {
+    {
       const int s = row_seq_[r];
       const SeqInfo& qi = seq_[s];
       const int64_t p = row_pos_[r];
@@ -725,6 +727,12 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
                            scale, orow);
       for (int64_t h = 0; h < H; ++h) rope.Apply(orow + h * D + D - rd, p, true);
     }
+  };
+  if (r1 - r0 == 1) {
+    attend_row(r0);
+  } else {
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t r = r0; r < r1; ++r) attend_row(r);
   }
   // Window ring: positions of this chunk into slot p mod window (last `win` only).
   for (int s = 0; s < S; ++s) {
@@ -888,8 +896,12 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
   // Index keys of the KV source (the fixed publication: always this layer's source).
   // Context parallelism: the keys stored on other ranks are gathered first
   // (parallel/context_parallel.h; the same bytes).
-  ReserveInSteps(ws_.idx_keys, E * ID, kGrowPositions * ID);
-  std::vector<float>& keys = Zeroed(ws_.idx_keys, E * ID);
+  // FP32 keys: row-major for the scalar loop, cpu::IndexerScores' blocked
+  // layout (padded to whole key blocks) for the fast path.
+  const bool fast = w_.packed_for_cpu;
+  const int64_t Ep = fast ? (E + cpu::kIndexKeyBlock - 1) / cpu::kIndexKeyBlock * cpu::kIndexKeyBlock : E;
+  ReserveInSteps(ws_.idx_keys, Ep * ID, kGrowPositions * ID);
+  std::vector<float>& keys = Zeroed(ws_.idx_keys, Ep * ID);
   std::vector<uint8_t> cp_keys;
   if (St(s).sharding) {
     std::vector<PagedRowRef> refs(static_cast<size_t>(E));
@@ -901,6 +913,10 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
   for (int64_t j = 0; j < E; ++j) {
     const uint16_t* kr = St(s).sharding ? reinterpret_cast<const uint16_t*>(cp_keys.data() + j * ID * 2)
                                         : reinterpret_cast<const uint16_t*>(Row(s, StateKind::kIndexKey, sch.kv_from, j));
+    if (fast) {
+      cpu::PackIndexKey(kr, j, ID, keys.data());
+      continue;
+    }
     for (int64_t c = 0; c < ID; ++c) {
       uint16_t b;
       std::memcpy(&b, kr + c, 2);
@@ -942,18 +958,25 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
         continue;
       }
       const float* qrow = qI.data() + i * nh * ID;
-      for (int64_t j = 0; j < Er; ++j) {
-        // score(p, j) = Σ_h w_h·ReLU(q_h·k_j), each product and the head sum BF16.
-        float acc = 0.0f;
-        for (int64_t h = 0; h < nh; ++h) {
-          const float* qh = qrow + h * ID;
-          const float* kj = keys.data() + j * ID;
-          float dot = 0.0f;
-          for (int64_t c = 0; c < ID; ++c) dot += qh[c] * kj[c];
-          const float rl = std::max(RoundBf16(dot), 0.0f);
-          acc += RoundBf16(rl * wts[i * nh + h]);
+      if (fast) {
+        // The same scores (bit-identical); keys j >= V are -inf without scoring.
+        const int64_t n = std::min(Er, V);
+        cpu::IndexerScores(qrow, wts.data() + i * nh, nh, ID, keys.data(), n, score.data());
+        for (int64_t j = n; j < Er; ++j) score[j] = ninf;
+      } else {
+        for (int64_t j = 0; j < Er; ++j) {
+          // score(p, j) = Σ_h w_h·ReLU(q_h·k_j), each product and the head sum BF16.
+          float acc = 0.0f;
+          for (int64_t h = 0; h < nh; ++h) {
+            const float* qh = qrow + h * ID;
+            const float* kj = keys.data() + j * ID;
+            float dot = 0.0f;
+            for (int64_t c = 0; c < ID; ++c) dot += qh[c] * kj[c];
+            const float rl = std::max(RoundBf16(dot), 0.0f);
+            acc += RoundBf16(rl * wts[i * nh + h]);
+          }
+          score[j] = j < V ? RoundBf16(acc) : ninf;
         }
-        score[j] = j < V ? RoundBf16(acc) : ninf;
       }
       if (is_cand_source) {
         // Candidate blocks: block score = max over its positions; the newest
@@ -1085,7 +1108,7 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
                     const Fp4Linear* w2, const Fp8Linear* s1, const Fp8Linear* s3,
                     const Fp8Linear* s2, const float* rw, float* out) {
     // Per thread: the routed experts run in parallel (RoutedExperts).
-    thread_local std::vector<float> gt, up;
+    thread_local std::vector<float> gt, up, neg;
     Zeroed(gt, m * I);
     Zeroed(up, m * I);
     if (w1) {
@@ -1095,16 +1118,7 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
       Linear(xin, m, *s1, ab, gt.data());
       Linear(xin, m, *s3, ab, up.data());
     }
-    for (int64_t i = 0; i < m * I; ++i) {
-      float u = up[i], g = gt[i];
-      if (lim > 0) {
-        u = std::min(std::max(u, -lim), lim);
-        g = std::min(g, lim);
-      }
-      float a = ref::TorchSilu(g) * u;
-      if (rw) a = rw[i / I] * a;
-      gt[i] = RoundBf16(a);
-    }
+    SwiGlu(gt.data(), up.data(), m, I, lim, rw, neg);
     if (w2) Linear(gt.data(), m, *w2, ab, out);
     else Linear(gt.data(), m, *s2, ab, out);
   };
