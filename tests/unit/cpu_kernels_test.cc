@@ -523,6 +523,42 @@ TEST(CpuKernels, HcMixesBitIdentical) {
   });
 }
 
+TEST(CpuKernels, HcCollapseExpandBitIdentical) {
+  // Elementwise along d: d not a multiple of the lanes, one row and many
+  // (rows split over the team), general FP32 values (the products are not
+  // exact: an FMA would show), NaN / ±Inf / huge values in a few elements.
+  const int hc = 4;
+  const int saved_threads = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    ForEachTarget([&] {
+      for (int64_t d : {1, 7, 96, 1030}) {
+        for (int64_t M : {1, 3, 40}) {
+          std::vector<float> X = RandomActs(M * hc * d, 900 + d + M, -6.0f, 6.0f);
+          std::vector<float> v = RandomActs(M * d, 901 + d + M, -3.0f, 3.0f);
+          std::vector<float> pre = RandomActs(M * hc, 902 + d, -1.0f, 2.0f);
+          std::vector<float> post = RandomActs(M * hc, 903 + d, -1.0f, 2.0f);
+          std::vector<float> comb = RandomActs(M * hc * hc, 904 + d, 0.0f, 1.0f);
+          if (d >= 7) {
+            X[3] = std::numeric_limits<float>::quiet_NaN();
+            X[5] = std::numeric_limits<float>::infinity();
+            v[d - 1] = -std::numeric_limits<float>::infinity();
+            X[hc * d - 2] = 3.0e38f;
+          }
+          std::vector<float> wx(M * d), gx(M * d), wX(M * hc * d), gX(M * hc * d);
+          ref::HcCollapse(X.data(), pre.data(), M, hc, d, wx.data());
+          HcCollapse(X.data(), pre.data(), M, hc, d, gx.data());
+          EXPECT_TRUE(SameBits(gx, wx)) << "collapse d=" << d << " M=" << M;
+          ref::HcExpand(v.data(), X.data(), post.data(), comb.data(), M, hc, d, wX.data());
+          HcExpand(v.data(), X.data(), post.data(), comb.data(), M, hc, d, gX.data());
+          EXPECT_TRUE(SameBits(gX, wX)) << "expand d=" << d << " M=" << M;
+        }
+      }
+    });
+  }
+  omp_set_num_threads(saved_threads);
+}
+
 TEST(CpuKernels, SleefExpfRowBitIdentical) {
   // Specials, the range limits, a stride over every bit pattern and a denser
   // stride over [-104, 1] (the attention's exp arguments), odd lengths.

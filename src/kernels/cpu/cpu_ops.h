@@ -170,6 +170,14 @@ void HcMixes(const float* X, int64_t M, int hc, int64_t d, const PackedF32& fn, 
 // (inside one, e.g. the model's row loop, it runs on the calling thread).
 void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv, const int32_t* slot, int n,
                      int32_t list_len, const float* sink, float softmax_scale, float* out);
+// As ref::HcCollapse / ref::HcExpand (mHC, model-spec §3.3.3): X [M, hc, d],
+// pre/post [M, hc], comb [M, hc, hc], v and x [M, d], Xout [M, hc, d], all
+// FP32 (outputs BF16 values). Vectorised along d, each lane doing the
+// reference's operations on its element in the same order; rows split over
+// the OpenMP team. Bit-identical on every target.
+void HcCollapse(const float* X, const float* pre, int64_t M, int hc, int64_t d, float* x);
+void HcExpand(const float* v, const float* X, const float* post, const float* comb, int64_t M, int hc, int64_t d,
+              float* Xout);
 // y[i] = ref::SleefExpf(x[i]), vectorised (bit-identical on every input).
 void SleefExpfRow(const float* x, int64_t n, float* y);
 

@@ -51,16 +51,16 @@ class DraftPass {
         comb_f(n * hc * hc), x(n * d), v(n * d), X2(X->size());
     HcMixes(X->data(), n, hc, d, L.hc_attn_fn, L.hc_attn_base.data(), L.hc_attn_scale.data(), c_.norm_eps,
             c_.hc_sinkhorn_iters, c_.hc_eps, sig_vec_.data(), pre_a.data(), post_a.data(), comb_a.data());
-    ref::HcCollapse(X->data(), pre->data(), n, hc, d, x.data());
+    HcCollapse(w_.packed_for_cpu, X->data(), pre->data(), n, hc, d, x.data());
     ref::RmsNorm(x.data(), n, d, L.attn_norm.data, c_.norm_eps, x.data());
     Attention(b, x.data(), v.data());
-    ref::HcExpand(v.data(), X->data(), post_a.data(), comb_a.data(), n, hc, d, X2.data());
+    HcExpand(w_.packed_for_cpu, v.data(), X->data(), post_a.data(), comb_a.data(), n, hc, d, X2.data());
     HcMixes(X2.data(), n, hc, d, L.hc_ffn_fn, L.hc_ffn_base.data(), L.hc_ffn_scale.data(), c_.norm_eps,
             c_.hc_sinkhorn_iters, c_.hc_eps, sig_vec_.data(), pre_f.data(), post_f.data(), comb_f.data());
-    ref::HcCollapse(X2.data(), pre_a.data(), n, hc, d, x.data());
+    HcCollapse(w_.packed_for_cpu, X2.data(), pre_a.data(), n, hc, d, x.data());
     ref::RmsNorm(x.data(), n, d, L.ffn_norm.data, c_.norm_eps, x.data());
     Moe(b, x.data(), v.data());
-    ref::HcExpand(v.data(), X2.data(), post_f.data(), comb_f.data(), n, hc, d, X->data());
+    HcExpand(w_.packed_for_cpu, v.data(), X2.data(), post_f.data(), comb_f.data(), n, hc, d, X->data());
     pre->swap(pre_f);
   }
 
@@ -258,7 +258,7 @@ void Dspark::Run(const std::vector<DsparkSeq>& seqs, bool want_logits, std::vect
 
   // forward_head: logits of the bs positions, then the Markov head in order.
   std::vector<float> y(M * d), h(M * d), logits(M * V);
-  ref::HcCollapse(X.data(), pre.data(), M, hc, d, y.data());
+  HcCollapse(w.packed_for_cpu, X.data(), pre.data(), M, hc, d, y.data());
   ref::RmsNorm(y.data(), M, d, w.dspark.norm.data, c.norm_eps, h.data());
   LinearF32Bf16W(h.data(), M, w.head, logits.data());
   const int64_t R = c.dspark_markov_rank;

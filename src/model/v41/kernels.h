@@ -58,6 +58,18 @@ inline void Router(const float* x, int64_t M, const Bf16Tensor& gate, const floa
                 weights);
 }
 
+// mHC collapse / expand (model-spec §3.3.3): the Highway forms when the
+// forward pass runs on the fast kernels (bit-identical), else the reference.
+inline void HcCollapse(bool fast, const float* X, const float* pre, int64_t M, int hc, int64_t d, float* x) {
+  if (fast) cpu::HcCollapse(X, pre, M, hc, d, x);
+  else ref::HcCollapse(X, pre, M, hc, d, x);
+}
+inline void HcExpand(bool fast, const float* v, const float* X, const float* post, const float* comb, int64_t M,
+                     int hc, int64_t d, float* Xout) {
+  if (fast) cpu::HcExpand(v, X, post, comb, M, hc, d, Xout);
+  else ref::HcExpand(v, X, post, comb, M, hc, d, Xout);
+}
+
 // The experts' SwiGLU with the limit (Expert.forward, model-spec §3.3.5), in
 // place on the [m, I] gate/up projections: u = clamp(up, -lim, lim),
 // g = min(gate, lim) (lim <= 0: no clamp; std::min/max keep a NaN operand),

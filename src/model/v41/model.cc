@@ -549,7 +549,7 @@ void ForwardPass::Block(int l) {
     RegionScope region(Region::kMhc);
     HcMixes(X_.data(), n, hc, d, L.hc_attn_fn, L.hc_attn_base.data(), L.hc_attn_scale.data(), c_.norm_eps,
             c_.hc_sinkhorn_iters, c_.hc_eps, sig_vec_.data(), pre_a.data(), post_a.data(), comb_a.data());
-    ref::HcCollapse(X_.data(), pre_in_.data(), n, hc, d, x.data());
+    HcCollapse(w_.packed_for_cpu, X_.data(), pre_in_.data(), n, hc, d, x.data());
   }
   {
     RegionScope region(Region::kNorm);
@@ -558,7 +558,7 @@ void ForwardPass::Block(int l) {
   Attention(l, x.data(), v.data());
   {
     RegionScope region(Region::kMhc);
-    ref::HcExpand(v.data(), X_.data(), post_a.data(), comb_a.data(), n, hc, d, X2.data());
+    HcExpand(w_.packed_for_cpu, v.data(), X_.data(), post_a.data(), comb_a.data(), n, hc, d, X2.data());
   }
   if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size())) {
     const SeqInfo& q = seq_[m_.debug_seq_];
@@ -568,7 +568,7 @@ void ForwardPass::Block(int l) {
     RegionScope region(Region::kMhc);
     HcMixes(X2.data(), n, hc, d, L.hc_ffn_fn, L.hc_ffn_base.data(), L.hc_ffn_scale.data(), c_.norm_eps,
             c_.hc_sinkhorn_iters, c_.hc_eps, sig_vec_.data(), pre_f.data(), post_f.data(), comb_f.data());
-    ref::HcCollapse(X2.data(), pre_a.data(), n, hc, d, x.data());
+    HcCollapse(w_.packed_for_cpu, X2.data(), pre_a.data(), n, hc, d, x.data());
   }
   {
     RegionScope region(Region::kNorm);
@@ -580,7 +580,7 @@ void ForwardPass::Block(int l) {
     Moe(l, x.data(), v.data(), 0, n);
   {
     RegionScope region(Region::kMhc);
-    ref::HcExpand(v.data(), X2.data(), post_f.data(), comb_f.data(), n, hc, d, X_.data());
+    HcExpand(w_.packed_for_cpu, v.data(), X2.data(), post_f.data(), comb_f.data(), n, hc, d, X_.data());
   }
   pre_in_.swap(pre_f);  // pre_f is refilled by the next Block
   if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size())) {
@@ -1202,7 +1202,7 @@ void ForwardPass::Head() {
     std::memcpy(Xs.data() + i * hc * d, X_.data() + rows[i] * hc * d, hc * d * sizeof(float));
     std::memcpy(pre.data() + i * hc, pre_in_.data() + rows[i] * hc, hc * sizeof(float));
   }
-  ref::HcCollapse(Xs.data(), pre.data(), m, hc, d, y.data());
+  HcCollapse(w_.packed_for_cpu, Xs.data(), pre.data(), m, hc, d, y.data());
   ref::RmsNorm(y.data(), m, d, w_.norm.data, c_.norm_eps, y.data());
   LinearF32Bf16W(y.data(), m, w_.head, out_->logits.data());
 }
