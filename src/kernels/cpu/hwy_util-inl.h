@@ -177,6 +177,19 @@ HWY_INLINE float* PackedActBuffer(int64_t M, int64_t K) {
   return buf.get();
 }
 
+// The FP8/FP4 linears' per-target entry: for the block path, the quantised
+// activations are repacked into PackActGroups' layout first; then every
+// (tile, m-chunk) item runs (ParallelItems).
+template <typename Fn>
+HWY_INLINE void RunLinearCall(QArgs& a, Fn* run) {
+  if (kUseBlockGemm && a.M >= kBlockGemmMinM) {
+    float* packed = PackedActBuffer(a.M, a.K);
+    PackActGroups(a.q, a.M, a.K, packed);
+    a.q = packed;
+  }
+  ParallelItems(a, run);
+}
+
 // The k loop of BlockMicro: KLEN columns (a compile-time 32 for the V4.1
 // block, 0 = klen at run time).
 template <int V, int MT, int MTS, int KLEN>

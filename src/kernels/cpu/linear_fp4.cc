@@ -189,16 +189,8 @@ void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
   });
 }
 
-// Per-target entry: packs the activations for the block path, then runs
-// every item (ParallelItems).
-void RunFp4Call(QArgs& a) {
-  if (kUseBlockGemm && a.M >= kBlockGemmMinM) {
-    float* packed = PackedActBuffer(a.M, a.K);
-    PackActGroups(a.q, a.M, a.K, packed);
-    a.q = packed;
-  }
-  ParallelItems(a, &RunFp4);
-}
+// Per-target entry (hwy_util-inl.h RunLinearCall).
+void RunFp4Call(QArgs& a) { RunLinearCall(a, &RunFp4); }
 
 }  // namespace HWY_NAMESPACE
 }  // namespace deepinfer::cpu

@@ -106,16 +106,8 @@ void RunFp8(const QArgs& a, int64_t item0, int64_t item1) {
   });
 }
 
-// Per-target entry: packs the activations for the block path, then runs
-// every item (ParallelItems).
-void RunFp8Call(QArgs& a) {
-  if (kUseBlockGemm && a.M >= kBlockGemmMinM) {
-    float* packed = PackedActBuffer(a.M, a.K);
-    PackActGroups(a.q, a.M, a.K, packed);
-    a.q = packed;
-  }
-  ParallelItems(a, &RunFp8);
-}
+// Per-target entry (hwy_util-inl.h RunLinearCall).
+void RunFp8Call(QArgs& a) { RunLinearCall(a, &RunFp8); }
 
 }  // namespace HWY_NAMESPACE
 }  // namespace deepinfer::cpu
