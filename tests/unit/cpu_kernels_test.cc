@@ -245,19 +245,72 @@ void CheckFp4(int64_t M, int64_t N, int64_t K, int act_block, uint64_t seed, Fp8
   EXPECT_TRUE(SameBits(got, want)) << "M=" << M << " N=" << N << " K=" << K << " ab=" << act_block;
 }
 
+// Every FP4 check runs with the BF16 pair-dot path (cpu_ops.h
+// Fp4Bf16DotSupported: AVX-512 CPUs with AVX512_BF16) on and off, so both
+// AVX-512 paths are covered on such a CPU.
+template <typename F>
+void WithAndWithoutFp4Bf16Dot(F&& f) {
+  for (bool on : {true, false}) {
+    SCOPED_TRACE(on ? "fp4 bf16 dot on" : "fp4 bf16 dot off");
+    SetFp4Bf16Dot(on);
+    f();
+  }
+  SetFp4Bf16Dot(true);
+}
+
 TEST(CpuKernels, LinearFp4BitIdentical) {
-  ForEachTarget([&] {
-    uint64_t seed = 200;
-    for (const Shape& sh : kShapes) CheckFp4(sh.M, sh.N, sh.K, 32, seed += 7);
-    CheckFp4(4, 96, 256, 128, 990);  // V4 style: 128-wide activation blocks
+  WithAndWithoutFp4Bf16Dot([&] {
+    ForEachTarget([&] {
+      uint64_t seed = 200;
+      for (const Shape& sh : kShapes) CheckFp4(sh.M, sh.N, sh.K, 32, seed += 7);
+      CheckFp4(4, 96, 256, 128, 990);  // V4 style: 128-wide activation blocks
+      CheckFp4(1, 64, 64, 64, 991);    // one group pair, 64-wide activation blocks
+      CheckFp4(2, 192, 1056, 32, 992);  // odd number of groups (33)
+    });
   });
 }
 
 TEST(CpuKernels, LinearFp4IeeeActivationsBitIdentical) {
-  ForEachTarget([&] {
-    uint64_t seed = 600;
-    for (const Shape& sh : kShapes) CheckFp4(sh.M, sh.N, sh.K, 32, seed += 7, Fp8Format::kE4M3Ieee);
+  WithAndWithoutFp4Bf16Dot([&] {
+    ForEachTarget([&] {
+      uint64_t seed = 600;
+      for (const Shape& sh : kShapes) CheckFp4(sh.M, sh.N, sh.K, 32, seed += 7, Fp8Format::kE4M3Ieee);
+    });
   });
+}
+
+// The BF16 pair-dot path at the edges of the scaled operand range: the
+// largest and smallest E4M3 activations of a block (448 and the subnormal
+// 2^-9 relative to the block maximum) against every E2M1 code, sums that
+// round at every step (large then tiny products), and non-finite
+// activations (which must fall back and still match the reference).
+TEST(CpuKernels, LinearFp4Bf16DotEdgeValues) {
+  if (!Fp4Bf16DotSupported()) GTEST_SKIP() << "this CPU has no AVX512_BF16 (or it failed the self-check)";
+  const int64_t N = 64, K = 256;
+  std::vector<uint8_t> w(N * K / 2);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; k += 2) w[(n * K + k) / 2] = static_cast<uint8_t>(((n + k) & 15) | (((n * 3 + k / 2) & 15) << 4));
+  const std::vector<uint8_t> s = RandomScales(N * (K / 32), 77);
+  const ref::Fp4Weight view{w.data(), s.data(), N, K};
+  const PackedFp4 p = PackFp4(view);
+  for (int variant = 0; variant < 4; ++variant) {
+    std::vector<float> x(3 * K);
+    for (int64_t i = 0; i < 3 * K; ++i) {
+      const int64_t k = i % K;
+      switch (variant) {
+        case 0: x[i] = (k % 32 == 0) ? 448.0f : std::ldexp(1.0f, -9) * static_cast<float>(1 + k % 7); break;
+        case 1: x[i] = (k % 2 == 0) ? 3.0e4f : 1.0e-3f * static_cast<float>(k % 5); break;
+        case 2: x[i] = (k % 3 == 0) ? -1.0f : std::ldexp(1.0f, -20); break;
+        default: x[i] = (i == K + 5) ? std::numeric_limits<float>::infinity() : static_cast<float>(k % 9) - 4.0f; break;
+      }
+    }
+    for (int64_t M : {1, 3}) {
+      std::vector<float> want(M * N), got(M * N, -1.0f);
+      ref::LinearFp4(x.data(), M, view, 32, want.data(), Fp8Format::kE4M3FN);
+      LinearFp4(x.data(), M, p, 32, got.data(), Fp8Format::kE4M3FN);
+      EXPECT_TRUE(SameBits(got, want)) << "variant " << variant << " M=" << M;
+    }
+  }
 }
 
 // Scalar pair order (what oneDNN's BF16 dot-product instructions do per

@@ -1,0 +1,269 @@
+// FP4 E2M1 × FP8-activation linears with few activation rows (decode GEMV,
+// small batches) on AVX-512 CPUs that have AVX512_BF16: the products of two
+// consecutive columns in one VDPBF16PS (see linear_common.h "BF16 pair dots"
+// for the exactness argument and fp4_bf16dot.h for the contract).
+//
+// Per output row n (one FP32 lane) and activation row m, as the reference
+// (ref::LinearFp4): for each 32-column group g, partial = 0; for k = 32g ..
+// 32g+31 in order, partial = partial + q[m,k]·w[n,k]; then acc = acc +
+// (partial·s_act)·s_w[n,g]. VDPBF16PS adds the high BF16 pair product, then
+// the low one, each as an FMA rounded to nearest even: with column k in the
+// high words and k+1 in the low words that is the reference's two steps
+// (the products are exact, so each FMA equals the multiply then add).
+//
+// The weight words come from the packed FP4 tile (pack.cc: dword (row, j)
+// holds columns 8j..8j+7, nibble i = column 8j+i) by one vpmultishiftqb (the
+// pair's first column into bits 16..19, its second into bits 0..3) and a
+// vpermw over the 16 E2M1 values as BF16 (the table repeated twice, so the
+// index bit above each nibble is ignored): per 32 weights three vector
+// instructions (multishift, vpermw, VDPBF16PS) where the FP32 path needs six
+// (two shifts, two vpermps, two adds). Needs AVX512_VBMI too (every CPU with
+// AVX512_BF16 but Cooper Lake has it).
+#include "kernels/cpu/fp4_bf16dot.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+
+#include "kernels/cpu/linear_common.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DEEPINFER_FP4_BF16DOT 1
+#endif
+
+namespace deepinfer::cpu {
+
+#if DEEPINFER_FP4_BF16DOT
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vbmi")
+// GCC 12's shift intrinsics pass _mm512_undefined_epi32() as the unused
+// merge operand, which -Wmaybe-uninitialized reports; nothing is read.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace {
+
+// E2M1 values × 2^-120 (linear_common.h kActOperandScale) as BF16 bit
+// patterns, twice (vpermw reads 5 index bits).
+alignas(64) constexpr uint16_t kE2M1Bf16x2[32] = {
+    0x0000, 0x0300, 0x0380, 0x03C0, 0x0400, 0x0440, 0x0480, 0x04C0,
+    0x8000, 0x8300, 0x8380, 0x83C0, 0x8400, 0x8440, 0x8480, 0x84C0,
+    0x0000, 0x0300, 0x0380, 0x03C0, 0x0400, 0x0440, 0x0480, 0x04C0,
+    0x8000, 0x8300, 0x8380, 0x83C0, 0x8400, 0x8440, 0x8480, 0x84C0};
+
+// The index words of column pair t (columns 8j+2t, 8j+2t+1) of the dwords x:
+// high word bits 0..3 ← nibble 2t, low word bits 0..3 ← nibble 2t+1 (the
+// bits above are ignored). One vpmultishiftqb: each control byte is the bit
+// offset, inside the qword (two rows' dwords), of the byte it selects.
+template <int T>
+inline __m512i PairIndex(__m512i x) {
+  constexpr uint64_t lo0 = 8 * T + 4, hi0 = 8 * T, lo1 = 32 + 8 * T + 4, hi1 = 32 + 8 * T;
+  constexpr uint64_t ctrl = lo0 | (hi0 << 16) | (lo1 << 32) | (hi1 << 48);
+  return _mm512_multishift_epi64_epi8(_mm512_set1_epi64(static_cast<long long>(ctrl)), x);
+}
+
+// G consecutive groups g0.. of V row vectors (16 rows each, from row `roff`
+// of the 64-row tile) × MT activation rows, their partials added to acc in
+// increasing group order.
+template <int V, int MT, int G>
+inline void DotGroups(const Fp4DotArgs& a, const uint32_t* w32, const uint8_t* st, int64_t roff, int64_t m0,
+                      int64_t g0, __m512 (&acc)[MT][V]) {
+  const __m512i tbl = _mm512_load_si512(kE2M1Bf16x2);
+  __m512 part[G][MT][V];
+  for (int gg = 0; gg < G; ++gg)
+    for (int m = 0; m < MT; ++m)
+      for (int v = 0; v < V; ++v) part[gg][m][v] = _mm512_setzero_ps();
+  const uint32_t* qp = a.qp + m0 * a.ldqp;
+#pragma GCC unroll 4
+  for (int64_t j = 0; j < 4; ++j) {
+#pragma GCC unroll 4
+    for (int gg = 0; gg < G; ++gg) {
+      const int64_t g = g0 + gg;
+      const uint32_t* wj = w32 + (g * 4 + j) * kTileRows + roff;
+      const char* pf = reinterpret_cast<const char*>(wj) + kPrefetchBytes;
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) _mm_prefetch(pf + v * 64, _MM_HINT_T0);
+      const int64_t pair0 = (g * 32 + j * 8) / 2;
+      __m512i x[V];
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) x[v] = _mm512_loadu_si512(wj + v * 16);
+      auto step = [&](auto tc) {
+        constexpr int T = decltype(tc)::value;
+#pragma GCC unroll 8
+        for (int v = 0; v < V; ++v) {
+          const __m512bh w = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(PairIndex<T>(x[v]), tbl));
+#pragma GCC unroll 8
+          for (int m = 0; m < MT; ++m) {
+            const __m512bh q = reinterpret_cast<__m512bh>(
+                _mm512_set1_epi32(static_cast<int>(qp[m * a.ldqp + pair0 + T])));
+            part[gg][m][v] = _mm512_dpbf16_ps(part[gg][m][v], w, q);
+          }
+        }
+      };
+      step(std::integral_constant<int, 0>());
+      step(std::integral_constant<int, 1>());
+      step(std::integral_constant<int, 2>());
+      step(std::integral_constant<int, 3>());
+    }
+  }
+  const int64_t kblocks = a.K / a.ab;
+#pragma GCC unroll 4
+  for (int gg = 0; gg < G; ++gg) {
+    const int64_t g = g0 + gg;
+    const int64_t kb = (g * 32) / a.ab;
+    const uint8_t* sg = st + g * kTileRows + roff;
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      // UE8M0 byte b (1..254, checked at pack time) → 2^(b−127).
+      const __m512 sw = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + v * 16))), 23));
+#pragma GCC unroll 8
+      for (int m = 0; m < MT; ++m) {
+        const __m512 s = _mm512_set1_ps(a.sa[(m0 + m) * kblocks + kb]);
+        acc[m][v] = _mm512_add_ps(acc[m][v], _mm512_mul_ps(_mm512_mul_ps(part[gg][m][v], s), sw));
+      }
+    }
+  }
+}
+
+template <int V, int MT>
+void Micro(const Fp4DotArgs& a, const uint8_t* wt, const uint8_t* st, int64_t roff, int64_t m0, float* out) {
+  __m512 acc[MT][V];
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < V; ++v) acc[m][v] = _mm512_setzero_ps();
+  const uint32_t* w32 = reinterpret_cast<const uint32_t*>(wt);
+  const int64_t groups = a.K / 32;
+  int64_t g = 0;
+  if constexpr (MT == 1) {
+    // One activation row: two groups at a time (2·V independent dot chains).
+    for (; g + 2 <= groups; g += 2) DotGroups<V, MT, 2>(a, w32, st, roff, m0, g, acc);
+  }
+  for (; g < groups; ++g) DotGroups<V, MT, 1>(a, w32, st, roff, m0, g, acc);
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < V; ++v) _mm512_store_ps(out + (m * V + v) * 16, acc[m][v]);
+}
+
+template <int V>
+void MicroMT(const Fp4DotArgs& a, const uint8_t* wt, const uint8_t* st, int64_t roff, int64_t m0, int mt, float* out) {
+  switch (mt) {
+    case 1: Micro<V, 1>(a, wt, st, roff, m0, out); break;
+    case 2: Micro<V, 2>(a, wt, st, roff, m0, out); break;
+    case 3: Micro<V, 3>(a, wt, st, roff, m0, out); break;
+    default: Micro<V, 4>(a, wt, st, roff, m0, out); break;
+  }
+}
+
+// dst = src0 (odd word / first) · src1 ... : the reference two-step FMA of one
+// lane, for the self-check.
+float TwoFma(uint32_t a, uint32_t b, float c) {
+  auto bf = [](uint32_t h) {
+    const uint32_t u = h << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  c = std::fma(bf(a >> 16), bf(b >> 16), c);
+  return std::fma(bf(a & 0xFFFFu), bf(b & 0xFFFFu), c);
+}
+
+bool SelfCheck() {
+  // Lanes (a pair, b pair, c). Crafted: the odd-then-even order against
+  // even-then-odd and against one rounding of the exact sum (1 + 2^-24 ties
+  // to 1), then pseudo-random pairs over a wide exponent range.
+  alignas(64) uint32_t av[16 * 64], bv[16 * 64];
+  alignas(64) float cv[16 * 64];
+  const uint32_t two_m12 = 0x3980u;  // BF16 2^-12
+  const uint32_t one_5_m12 = 0x39C0u;  // BF16 1.5·2^-12
+  const uint32_t one = 0x3F80u;
+  int n = 0;
+  av[n] = (two_m12 << 16) | two_m12, bv[n] = (two_m12 << 16) | two_m12, cv[n++] = 1.0f;      // 1+2^-24+2^-24
+  av[n] = (two_m12 << 16) | one_5_m12, bv[n] = (two_m12 << 16) | two_m12, cv[n++] = 1.0f;    // order
+  av[n] = (one_5_m12 << 16) | two_m12, bv[n] = (two_m12 << 16) | two_m12, cv[n++] = 1.0f;    // order
+  av[n] = (one << 16) | two_m12, bv[n] = (one << 16) | two_m12, cv[n++] = -1.0f;             // cancellation
+  std::mt19937 rng(20261205);
+  for (; n < 16 * 64; ++n) {
+    auto r16 = [&]() { return (rng() & 0x807Fu) | ((100u + rng() % 50u) << 7); };
+    av[n] = (r16() << 16) | r16();
+    bv[n] = (r16() << 16) | r16();
+    const uint32_t u = (rng() & 0x807FFFFFu) | ((170u + rng() % 60u) << 23);
+    std::memcpy(&cv[n], &u, 4);
+  }
+  for (int i = 0; i < 64; ++i) {
+    alignas(64) float out[16];
+    const __m512 r = _mm512_dpbf16_ps(_mm512_load_ps(cv + 16 * i),
+                                      reinterpret_cast<__m512bh>(_mm512_load_si512(av + 16 * i)),
+                                      reinterpret_cast<__m512bh>(_mm512_load_si512(bv + 16 * i)));
+    _mm512_store_ps(out, r);
+    for (int l = 0; l < 16; ++l) {
+      const int k = 16 * i + l;
+      const float want = TwoFma(av[k], bv[k], cv[k]);
+      if (std::memcmp(&want, &out[l], 4) != 0) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+#pragma GCC pop_options
+
+namespace {
+std::atomic<int> g_enabled{1};
+bool Supported() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
+                         __builtin_cpu_supports("avx512vbmi") && SelfCheck();
+  return ok;
+}
+}  // namespace
+
+bool Fp4Bf16DotSupported() { return Supported(); }
+void SetFp4Bf16Dot(bool enable) { g_enabled.store(enable ? 1 : 0); }
+bool Fp4Bf16DotActive() { return g_enabled.load(std::memory_order_relaxed) != 0 && Supported(); }
+
+bool PackActPairs(const float* q, int64_t M, int64_t K, int64_t ldq, uint32_t* qp) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* qr = q + m * ldq;
+    uint32_t* o = qp + m * (K / 2);
+    uint32_t bad = 0;
+    for (int64_t k = 0; k < K; k += 2) {
+      uint32_t u0, u1;
+      std::memcpy(&u0, qr + k, 4);
+      std::memcpy(&u1, qr + k + 1, 4);
+      // BF16-exact (low half zero) and finite (exponent field not all ones).
+      bad |= (u0 | u1) & 0xFFFFu;
+      bad |= static_cast<uint32_t>((u0 & 0x7F800000u) == 0x7F800000u) | static_cast<uint32_t>((u1 & 0x7F800000u) == 0x7F800000u);
+      o[k / 2] = (u0 & 0xFFFF0000u) | (u1 >> 16);
+    }
+    if (bad) return false;
+  }
+  return true;
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vbmi")
+void Fp4Bf16DotMicro(const Fp4DotArgs& a, const uint8_t* wt, const uint8_t* st, int64_t roff, int64_t m0, int v,
+                     int mt, float* out) {
+  switch (v) {
+    case 1: MicroMT<1>(a, wt, st, roff, m0, mt, out); break;
+    case 2: MicroMT<2>(a, wt, st, roff, m0, mt, out); break;
+    case 3: MicroMT<3>(a, wt, st, roff, m0, mt, out); break;
+    default: MicroMT<4>(a, wt, st, roff, m0, mt, out); break;
+  }
+}
+#pragma GCC pop_options
+
+#else  // !DEEPINFER_FP4_BF16DOT
+
+bool Fp4Bf16DotSupported() { return false; }
+void SetFp4Bf16Dot(bool) {}
+bool Fp4Bf16DotActive() { return false; }
+bool PackActPairs(const float*, int64_t, int64_t, int64_t, uint32_t*) { return false; }
+void Fp4Bf16DotMicro(const Fp4DotArgs&, const uint8_t*, const uint8_t*, int64_t, int64_t, int, int, float*) {}
+
+#endif
+
+}  // namespace deepinfer::cpu
