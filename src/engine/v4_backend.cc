@@ -28,8 +28,12 @@ class MtpDrafter : public ModelDrafter {
     const ModelConfig& c = model_->config();
     const int64_t flat = static_cast<int64_t>(c.hc_mult) * c.dim, V = c.vocab_size;
     out->assign(seqs.size(), {});
-    std::vector<v4::V4Seq> batch;
-    std::vector<float> x;
+    // The call's batch, streams and logits keep their capacity between calls
+    // (the model's step workspace, model/v4/workspace.h).
+    std::vector<v4::V4Seq>& batch = batch_;
+    std::vector<float>& x = x_;
+    batch.clear();
+    x.clear();
     for (const DraftSeq& d : seqs) {
       if (d.forward_index < 0 || d.forward_index >= static_cast<int>(fwd_->size()))
         Fail(ErrorKind::kInternal, "MTP drafter: forward_index {} outside the last Forward's {} sequences",
@@ -41,7 +45,8 @@ class MtpDrafter : public ModelDrafter {
       x.insert(x.end(), h, h + d.kept * flat);
       batch.push_back({d.next_tokens, d.kept, f.start_pos, d.state, d.max_drafts > 0, false});
     }
-    const std::vector<float> logits = model_->Mtp(batch, x.data(), /*per_row_layout=*/true);
+    std::vector<float>& logits = logits_;
+    model_->MtpInto(batch, x.data(), /*per_row_layout=*/true, &logits);
     int64_t row = 0;
     for (size_t i = 0; i < seqs.size(); ++i) {
       if (seqs[i].max_drafts < 1) continue;
@@ -58,6 +63,8 @@ class MtpDrafter : public ModelDrafter {
   const std::vector<float>* streams_;
   const std::vector<BackendSeq>* fwd_;
   const std::vector<int64_t>* row0_;
+  std::vector<v4::V4Seq> batch_;
+  std::vector<float> x_, logits_;
 };
 
 class V4Backend : public ModelBackend {
@@ -85,14 +92,14 @@ class V4Backend : public ModelBackend {
   }
   // Every row in the per-row layout: identical whatever the batch or chunking.
   void Forward(const std::vector<BackendSeq>& seqs, std::vector<float>* logits) override {
-    std::vector<v4::V4Seq> batch;
-    batch.reserve(seqs.size());
+    std::vector<v4::V4Seq>& batch = batch_;  // capacity kept between calls, as *logits and streams_
+    batch.clear();
     for (const BackendSeq& s : seqs) {
       batch.push_back({s.tokens, s.len, s.start_pos, s.state, s.want_logits, s.all_logits});
       batch.back().carry_capture = s.carry_capture;
     }
     if (!mtp_) {
-      *logits = model_->Forward(batch, /*per_row_layout=*/true);
+      model_->ForwardInto(batch, /*per_row_layout=*/true, logits);
       return;
     }
     // The drafter reads this call's final streams (MtpDrafter).
@@ -103,12 +110,13 @@ class V4Backend : public ModelBackend {
       row0_.push_back(r);
       r += s.len;
     }
-    *logits = model_->Forward(batch, /*per_row_layout=*/true, &streams_);
+    model_->ForwardInto(batch, /*per_row_layout=*/true, logits, &streams_);
   }
 
  private:
   std::unique_ptr<v4::V4Model> model_;
   std::unique_ptr<MtpDrafter> mtp_;
+  std::vector<v4::V4Seq> batch_;  // the last Forward's batch (reused)
   std::vector<float> streams_;   // [rows, hc, dim] of the last Forward (with the drafter on)
   std::vector<BackendSeq> fwd_;  // its seqs
   std::vector<int64_t> row0_;    // first stream row of each

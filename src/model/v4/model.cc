@@ -6,9 +6,11 @@
 #include "model/v4/model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "base/error.h"
 #include "format/numerics.h"
@@ -16,6 +18,7 @@
 #include "kernels/ref/ref_math.h"
 #include "kernels/ref/ref_ops.h"
 #include "model/v4/ops.h"
+#include "model/v4/workspace.h"
 #include "model/state.h"
 
 namespace deepinfer::v4 {
@@ -233,7 +236,7 @@ BlockW BindBlock(Binder& b, const std::string& pre, int l, const ModelConfig& c)
 
 V4Model::~V4Model() = default;
 
-std::unique_ptr<V4Model> V4Model::Load(const std::filesystem::path& model_dir) {
+std::unique_ptr<V4Model> V4Model::Load(const std::filesystem::path& model_dir, const V4Options& options) {
   std::unique_ptr<V4Model> m(new V4Model());
   m->cfg_ = ModelConfig::Load(model_dir);
   const ModelConfig& c = m->cfg_;
@@ -287,6 +290,7 @@ std::unique_ptr<V4Model> V4Model::Load(const std::filesystem::path& model_dir) {
   m->ropes_->swa = ref::RopeTable(c.rope_head_dim, c.rope_theta, 0, 1.0, c.beta_fast, c.beta_slow);
   m->ropes_->compress = ref::RopeTable(c.rope_head_dim, c.compress_rope_theta, c.original_seq_len, c.rope_factor,
                                        c.beta_fast, c.beta_slow);
+  if (options.reuse_step_workspace) m->ws_ = std::make_unique<StepWorkspace>();
   return m;
 }
 
@@ -307,15 +311,19 @@ void FromBf16Row(const uint8_t* src, int64_t n, uint16_t* out) { std::memcpy(out
 
 class Pass {
  public:
-  Pass(const V4Model& m, const std::vector<V4Seq>& seqs, bool per_row)
-      : c_(m.cfg_), w_(*m.w_), ropes_(*m.ropes_), seqs_(seqs), per_row_(per_row) {
+  Pass(const V4Model& m, const std::vector<V4Seq>& seqs, bool per_row, StepWorkspace& ws)
+      : c_(m.cfg_), w_(*m.w_), ropes_(*m.ropes_), seqs_(seqs), per_row_(per_row), ws_(ws) {
+    info_.clear();
+    row_seq_.clear();
+    row_pos_.clear();
+    row_tok_.clear();
     for (const V4Seq& q : seqs) {
       info_.push_back({R_, q.len, q.start_pos});
       R_ += q.len;
     }
     for (size_t s = 0; s < seqs.size(); ++s)
       for (int64_t i = 0; i < seqs[s].len; ++i) {
-        row_seq_.push_back(static_cast<int>(s));
+        row_seq_.push_back(static_cast<int32_t>(s));
         row_pos_.push_back(seqs[s].start_pos + i);
         row_tok_.push_back(seqs[s].tokens[i]);
       }
@@ -324,13 +332,12 @@ class Pass {
 
   // Block.forward: X [R, hc, d] in place.
   void Block(int l, float* X, V4Debug::Layer* dbg);
-  // ParallelHead.forward on the rows that return logits: hc_head, norm, FP32 head.
-  std::vector<float> Head(const float* X, const HcHeadW& hh, const std::vector<uint16_t>& norm) const;
+  // ParallelHead.forward on the rows that return logits: hc_head, norm, FP32
+  // head; the rows into *out (resized; capacity kept).
+  void Head(const float* X, const HcHeadW& hh, const std::vector<uint16_t>& norm, std::vector<float>* out);
 
  private:
-  struct Info {
-    int64_t row0 = 0, T = 0, start = 0;
-  };
+  using Info = StepSeq;
   // The reference's prefill layout for this sequence's chunk (else decode / per-row).
   bool RefPrefill(int s) const { return !per_row_ && info_[s].start == 0; }
 
@@ -358,11 +365,12 @@ class Pass {
   const Ropes& ropes_;
   const std::vector<V4Seq>& seqs_;
   const bool per_row_;
+  StepWorkspace& ws_;  // this call's buffers (workspace.h); the layout below lives there
   int64_t R_ = 0;
-  std::vector<Info> info_;
-  std::vector<int> row_seq_;
-  std::vector<int64_t> row_pos_;
-  std::vector<int32_t> row_tok_;
+  std::vector<Info>& info_ = ws_.seq;
+  std::vector<int32_t>& row_seq_ = ws_.row_seq;
+  std::vector<int64_t>& row_pos_ = ws_.row_pos;
+  std::vector<int32_t>& row_tok_ = ws_.row_tok;
 };
 
 // Block.forward: hc_pre → norm → attention → hc_post, hc_pre → norm → MoE → hc_post.
@@ -370,7 +378,12 @@ void Pass::Block(int l, float* X, V4Debug::Layer* dbg) {
   const BlockW& B = w_.blocks[l];
   const int hc = c_.hc_mult;
   const int64_t d = c_.dim, n = R_;
-  std::vector<float> pre(n * hc), post(n * hc), comb(n * hc * hc), x(n * d), v(n * d), X2(n * hc * d);
+  std::vector<float>& pre = Zeroed(ws_.pre, n * hc);
+  std::vector<float>& post = Zeroed(ws_.post, n * hc);
+  std::vector<float>& comb = Zeroed(ws_.comb, n * hc * hc);
+  std::vector<float>& x = Zeroed(ws_.x, n * d);
+  std::vector<float>& v = Zeroed(ws_.v, n * d);
+  std::vector<float>& X2 = Zeroed(ws_.X2, n * hc * d);
   const std::vector<uint16_t>* norms[2] = {&B.attn_norm, &B.ffn_norm};
   const int64_t T0 = info_.empty() ? 0 : info_[0].T;
   for (int site = 0; site < 2; ++site) {
@@ -400,7 +413,9 @@ void Pass::Attention(int l, const float* x, float* v, V4Debug::Layer* dbg) {
   const ref::RopeTable& rope = ropes_.For(ratio);
   // q: q_norm(wq_a(x)) (also the indexer's input), wq_b, the per-head RMS scale in BF16 tensor ops
   // (squares, mean, +eps rounded to BF16; rsqrt in FP32 rounded once), RoPE on the last rd dims.
-  std::vector<float> qr(n * c_.q_lora_rank), q(n * H * D), sq(D);
+  std::vector<float>& qr = Zeroed(ws_.qr, n * c_.q_lora_rank);
+  std::vector<float>& q = Zeroed(ws_.q, n * H * D);
+  std::vector<float>& sq = Zeroed(ws_.qsq, D);
   LinearFp8(x, n, A.wq_a, qr.data());
   ref::RmsNorm(qr.data(), n, c_.q_lora_rank, A.q_norm.data(), c_.norm_eps, qr.data());
   LinearFp8(qr.data(), n, A.wq_b, q.data());
@@ -414,38 +429,47 @@ void Pass::Attention(int l, const float* x, float* v, V4Debug::Layer* dbg) {
       rope.Apply(qh + D - rd, row_pos_[r], false);
     }
   // Window K (= V): kv_norm(wkv(x)), RoPE, FP8 QDQ in blocks of 64 on the nope dims.
-  std::vector<float> kv(n * D);
+  std::vector<float>& kv = Zeroed(ws_.kv, n * D);
   LinearFp8(x, n, A.wkv, kv.data());
   ref::RmsNorm(kv.data(), n, D, A.kv_norm.data(), c_.norm_eps, kv.data());
   for (int64_t r = 0; r < n; ++r) {
     rope.Apply(kv.data() + r * D + D - rd, row_pos_[r], false);
     Fp8QdqInPlace(kv.data() + r * D, D - rd, 64);
   }
-  std::vector<uint16_t> kvb(n * D);
+  std::vector<uint16_t>& kvb = Zeroed(ws_.kvb, n * D);
   for (int64_t i = 0; i < n * D; ++i) kvb[i] = FloatToBf16(kv[i]);
   // Compressed branch per sequence: the indexer selects (C4), the compressor emits entries.
   const int S = static_cast<int>(seqs_.size());
-  std::vector<std::vector<int64_t>> sel(n);
+  // Row r's C4 selection is sel[r] (Indexer fills it); the rows keep their capacity.
+  std::vector<std::vector<int64_t>>& sel = ws_.sel;
+  if (static_cast<int64_t>(sel.size()) < n) sel.resize(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) sel[r].clear();
   for (int s = 0; s < S; ++s) {
     if (ratio == 4) Indexer(l, s, x, qr.data(), &sel, s == 0 ? dbg : nullptr);
     if (ratio > 0) Compressor(l, s, A.comp, false, x);
   }
   // Sparse attention with sink over the candidate list (get_window_topk_idxs + compressed part).
-  std::vector<float> o(n * H * D);
+  std::vector<float>& o = Zeroed(ws_.o, n * H * D);
   const float scale = static_cast<float>(std::pow(static_cast<double>(D), -0.5));
   for (int s = 0; s < S; ++s) {
     const Info& qi = info_[s];
     const bool pre = RefPrefill(s);
     // Ring positions before the chunk, and the compressed entries visible to the chunk.
-    std::vector<uint16_t> ring(win * D), ckv;
+    std::vector<uint16_t>& ring = Zeroed(ws_.ring, win * D);
+    std::vector<uint16_t>& ckv = ws_.ckv;
+    ckv.clear();
     for (int64_t p = std::max<int64_t>(0, qi.start - win); p < qi.start; ++p)
       FromBf16Row(Row(s, StateKind::kWindow, l, p % win), D, ring.data() + (p % win) * D);
     if (ratio > 0) {
       const int64_t E = (qi.start + qi.T) / ratio;
-      ckv.resize(E * D);
+      ReserveInSteps(ckv, E * D, kGrowPositions * D);
+      Zeroed(ckv, E * D);
       for (int64_t j = 0; j < E; ++j) FromBf16Row(Row(s, StateKind::kCompressedKv, l, j), D, ckv.data() + j * D);
     }
-    std::vector<const uint16_t*> rows;
+    std::vector<const uint16_t*>& rows = ws_.rows;
+    // The longest list: the window, then the C128 width or the C4 selection.
+    ReserveInSteps(rows, win + (ratio == 128 ? (qi.start + qi.T) / ratio : ratio == 4 ? c_.index_topk : 0),
+                   kGrowPositions);
     for (int64_t i = 0; i < qi.T; ++i) {
       const int64_t r = qi.row0 + i, p = qi.start + i;
       rows.clear();
@@ -469,7 +493,7 @@ void Pass::Attention(int l, const float* x, float* v, V4Debug::Layer* dbg) {
       ToBf16Row(kv.data() + (qi.row0 + i) * D, D, Row(s, StateKind::kWindow, l, (qi.start + i) % win));
   }
   // Grouped BF16 wo_a, then FP8 wo_b.
-  std::vector<float> z(n * c_.o_groups * c_.o_lora_rank);
+  std::vector<float>& z = Zeroed(ws_.z, n * c_.o_groups * c_.o_lora_rank);
   cpu::GroupedLinearBf16(o.data(), n, c_.o_groups, A.wo_a.packed, z.data());
   LinearFp8(z.data(), n, A.wo_b, v);
 }
@@ -487,12 +511,14 @@ void Pass::Compressor(int l, int s, const CompressorW& W, bool indexer, const fl
   const Info& qi = info_[s];
   const int r = W.ratio, coff = W.coff;
   const int64_t hd = W.hd, wdt = coff * hd, rd = c_.rope_head_dim, nslot = coff * r;
-  std::vector<float> a(qi.T * wdt), g(qi.T * wdt);
+  std::vector<float>& a = Zeroed(ws_.cmp_a, qi.T * wdt);
+  std::vector<float>& g = Zeroed(ws_.cmp_g, qi.T * wdt);
   cpu::LinearF32Bf16W(x + qi.row0 * c_.dim, qi.T, W.wkv.packed, a.data());
   cpu::LinearF32Bf16W(x + qi.row0 * c_.dim, qi.T, W.wgate.packed, g.data());
   // Carry rows: kv then score, nslot rows of wdt floats each (attention rows first, the indexer's after them).
   const int64_t base = indexer ? 2 * nslot : 0;
-  std::vector<float> kvs(nslot * wdt), scs(nslot * wdt);
+  std::vector<float>& kvs = Zeroed(ws_.cmp_kvs, nslot * wdt);
+  std::vector<float>& scs = Zeroed(ws_.cmp_scs, nslot * wdt);
   if (qi.start == 0) {
     std::fill(kvs.begin(), kvs.end(), 0.0f);
     std::fill(scs.begin(), scs.end(), kNegInf);
@@ -516,7 +542,9 @@ void Pass::Compressor(int l, int s, const CompressorW& W, bool indexer, const fl
     cap_rowf = cg.regions[region].row_bytes / 4;
     cap_rpp = cg.regions[region].rows_per_block / nslot;
   }
-  std::vector<float> e(nslot), prod(nslot), ent(hd);
+  std::vector<float>& e = Zeroed(ws_.cmp_e, nslot);
+  std::vector<float>& prod = Zeroed(ws_.cmp_prod, nslot);
+  std::vector<float>& ent = Zeroed(ws_.cmp_ent, hd);
   for (int64_t i = 0; i < qi.T; ++i) {
     const int64_t p = qi.start + i;
     const int64_t slot = (coff == 2 ? r : 0) + p % r;
@@ -578,7 +606,7 @@ void Pass::Indexer(int l, int s, const float* x, const float* qr, std::vector<st
   const int64_t n = qi.T, nh = c_.index_n_heads, ID = c_.index_head_dim, rd = c_.rope_head_dim;
   const int r = 4;
   const ref::RopeTable& rope = ropes_.For(r);
-  std::vector<float> qI(n * nh * ID);
+  std::vector<float>& qI = Zeroed(ws_.idx_q, n * nh * ID);
   LinearFp8(qr + qi.row0 * c_.q_lora_rank, n, A.idx_wq_b, qI.data());
   const float hscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5));
   for (int64_t i = 0; i < n; ++i)
@@ -589,22 +617,25 @@ void Pass::Indexer(int l, int s, const float* x, const float* qr, std::vector<st
       Fp4QdqUe8m0InPlace(qh, ID, 32);
     }
   Compressor(l, s, A.idx_comp, true, x);
-  std::vector<float> wts(n * nh);
+  std::vector<float>& wts = Zeroed(ws_.idx_w, n * nh);
   cpu::LinearBf16(x + qi.row0 * c_.dim, n, A.idx_wproj.packed, wts.data());
   const float wscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5) *
                                           std::pow(static_cast<double>(nh), -0.5));
   for (auto& w : wts) w = RoundBf16(w * wscale);
   const int64_t E = (qi.start + n) / r;
-  std::vector<float> keys(E * ID);
-  std::vector<uint16_t> kb(ID);
+  ReserveInSteps(ws_.idx_keys, E * ID, kGrowPositions * ID);
+  std::vector<float>& keys = Zeroed(ws_.idx_keys, E * ID);
+  std::vector<uint16_t>& kb = Zeroed(ws_.idx_kb, ID);
   for (int64_t j = 0; j < E; ++j) {
     FromBf16Row(Row(s, StateKind::kIndexKey, l, j), ID, kb.data());
     for (int64_t c = 0; c < ID; ++c) keys[j * ID + c] = Bf16ToFloat(kb[c]);
   }
   const bool pre = RefPrefill(s);
   const int64_t Kpre = std::min<int64_t>(c_.index_topk, E);
-  std::vector<float> score(E);
-  std::vector<int64_t> idx(std::max<int64_t>(Kpre, 1));
+  ReserveInSteps(ws_.idx_score, E, kGrowPositions);
+  std::vector<float>& score = Zeroed(ws_.idx_score, E);
+  ReserveInSteps(ws_.idx_top, c_.index_topk, 1);
+  std::vector<int64_t>& idx = Zeroed(ws_.idx_top, std::max<int64_t>(Kpre, 1));
   if (dbg) {
     dbg->indexer_k = static_cast<int>(Kpre);
     dbg->indexer_topk.assign(static_cast<size_t>(n * Kpre), -1);
@@ -615,6 +646,7 @@ void Pass::Indexer(int l, int s, const float* x, const float* qr, std::vector<st
     const int64_t K = std::min<int64_t>(c_.index_topk, Er);
     std::vector<int64_t>& out = (*sel)[qi.row0 + i];
     out.clear();
+    ReserveInSteps(out, c_.index_topk, 1);
     if (K == 0) continue;
     const float* qrow = qI.data() + i * nh * ID;
     IndexerScores(qrow, wts.data() + i * nh, static_cast<int>(nh), ID, keys.data(), std::min(vis, Er), score.data());
@@ -636,11 +668,13 @@ void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
   const int64_t n = R_, d = c_.dim, I = c_.moe_inter_dim;
   const int k = c_.n_activated_experts, E = c_.n_routed_experts;
   const float lim = c_.swiglu_limit;
-  std::vector<int32_t> idx(n * k);
-  std::vector<float> wts(n * k), logits(n * E);
+  std::vector<int32_t>& idx = Zeroed(ws_.moe_idx, n * k);
+  std::vector<float>& wts = Zeroed(ws_.moe_w, n * k);
+  std::vector<float>& logits = Zeroed(ws_.moe_logits, n * E);
   cpu::LinearF32Bf16W(x, n, F.gate.packed, logits.data());
-  std::vector<float> s(E), sel(E);
-  std::vector<int64_t> top(k);
+  std::vector<float>& s = Zeroed(ws_.moe_s, E);
+  std::vector<float>& sel = Zeroed(ws_.moe_sel, E);
+  std::vector<int64_t>& top = Zeroed(ws_.moe_top, k);
   for (int64_t m = 0; m < n; ++m) {
     // torch's softplus over the call's [T, E] scores: which elements take the vectorised path.
     const int sq = row_seq_[m];
@@ -667,7 +701,8 @@ void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
     for (int t = 0; t < k; ++t) wr[t] = wr[t] / denom * c_.route_scale;
   }
   auto swiglu = [&](const float* xin, int64_t m, const float* rw, auto lin1, auto lin3, auto lin2, float* out) {
-    std::vector<float> gt(m * I), up(m * I);
+    std::vector<float>& gt = Zeroed(ws_.moe_gt, m * I);
+    std::vector<float>& up = Zeroed(ws_.moe_up, m * I);
     lin1(xin, m, gt.data());
     lin3(xin, m, up.data());
     for (int64_t i = 0; i < m * I; ++i) {
@@ -682,10 +717,14 @@ void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
     }
     lin2(gt.data(), m, out);
   };
-  std::vector<float> y(n * d, 0.0f);
+  std::vector<float>& y = Zeroed(ws_.moe_y, n * d);
+  std::vector<int64_t>& rows = ws_.moe_rows;
+  std::vector<float>& rw = ws_.moe_rw;
+  ReserveInSteps(rows, n * k, 1);
+  ReserveInSteps(rw, n * k, 1);
   for (int e = 0; e < E; ++e) {
-    std::vector<int64_t> rows;
-    std::vector<float> rw;
+    rows.clear();
+    rw.clear();
     for (int64_t m = 0; m < n; ++m)
       for (int t = 0; t < k; ++t)
         if (idx[m * k + t] == e) {
@@ -694,7 +733,8 @@ void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
         }
     if (rows.empty()) continue;
     const int64_t mm = static_cast<int64_t>(rows.size());
-    std::vector<float> xin(mm * d), out(mm * d);
+    std::vector<float>& xin = Zeroed(ws_.moe_xin, mm * d);
+    std::vector<float>& out = Zeroed(ws_.moe_out, mm * d);
     for (int64_t i = 0; i < mm; ++i) std::memcpy(xin.data() + i * d, x + rows[i] * d, d * sizeof(float));
     swiglu(
         xin.data(), mm, rw.data(), [&](const float* a, int64_t M, float* o) { LinearFp4(a, M, F.w1[e], o); },
@@ -703,7 +743,7 @@ void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
     for (int64_t i = 0; i < mm; ++i)
       for (int64_t c = 0; c < d; ++c) y[rows[i] * d + c] += out[i * d + c];
   }
-  std::vector<float> sh(n * d);
+  std::vector<float>& sh = Zeroed(ws_.moe_sh, n * d);
   swiglu(
       x, n, nullptr, [&](const float* a, int64_t M, float* o) { LinearFp8(a, M, F.s1, o); },
       [&](const float* a, int64_t M, float* o) { LinearFp8(a, M, F.s3, o); },
@@ -718,15 +758,20 @@ void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
 
 // ParallelHead.forward: hc_head (σ by torch.sigmoid), norm, FP32 head, for the
 // rows that return logits (backend.h LogitsRows order).
-std::vector<float> Pass::Head(const float* X, const HcHeadW& hh, const std::vector<uint16_t>& norm) const {
+void Pass::Head(const float* X, const HcHeadW& hh, const std::vector<uint16_t>& norm, std::vector<float>* out) {
   const int hc = c_.hc_mult;
   const int64_t d = c_.dim, flat = hc * d, V = c_.vocab_size;
-  std::vector<float> out;
-  std::vector<float> sq(flat), pre(hc), y(d), logits(V);
+  auto first_row = [](const V4Seq& q) { return q.all_logits ? 0 : q.want_logits ? q.len - 1 : q.len; };
+  int64_t m = 0;
+  for (const V4Seq& q : seqs_) m += q.len - first_row(q);
+  out->resize(static_cast<size_t>(m * V));  // every row is written below
+  std::vector<float>& sq = Zeroed(ws_.head_sq, flat);
+  std::vector<float>& pre = Zeroed(ws_.head_pre, hc);
+  std::vector<float>& y = Zeroed(ws_.head_y, d);
+  int64_t row = 0;
   for (size_t s = 0; s < seqs_.size(); ++s) {
     const V4Seq& q = seqs_[s];
-    const int64_t i0 = q.all_logits ? 0 : q.want_logits ? q.len - 1 : q.len;
-    for (int64_t i = i0; i < q.len; ++i) {
+    for (int64_t i = first_row(q); i < q.len; ++i) {
       const float* f = X + (info_[s].row0 + i) * flat;
       for (int64_t t = 0; t < flat; ++t) sq[t] = f[t] * f[t];
       const float rsq = 1.0f / std::sqrt(ref::TorchSum(sq.data(), flat) / static_cast<float>(flat) + c_.norm_eps);
@@ -740,11 +785,9 @@ std::vector<float> Pass::Head(const float* X, const HcHeadW& hh, const std::vect
       }
       ref::HcCollapse(f, pre.data(), 1, hc, d, y.data());
       ref::RmsNorm(y.data(), 1, d, norm.data(), c_.norm_eps, y.data());
-      cpu::LinearF32Bf16W(y.data(), 1, w_.head.packed, logits.data());
-      out.insert(out.end(), logits.begin(), logits.end());
+      cpu::LinearF32Bf16W(y.data(), 1, w_.head.packed, out->data() + row++ * V);
     }
   }
-  return out;
 }
 
 // ---------------------------------------------------------------------------
@@ -779,14 +822,47 @@ void V4Model::Validate(const std::vector<V4Seq>& seqs, int n_window_layers) cons
   }
 }
 
+namespace {
+// The model's step workspace for one call unless another call holds it (then
+// a fresh one, as with reuse_step_workspace = false); released at scope end.
+class WorkspaceLease {
+ public:
+  WorkspaceLease(const std::unique_ptr<StepWorkspace>& ws, std::atomic<bool>& busy)
+      : busy_(ws && !busy.exchange(true, std::memory_order_acquire) ? &busy : nullptr) {
+    if (!busy_) fresh_.emplace();
+    ws_ = busy_ ? ws.get() : &*fresh_;
+  }
+  ~WorkspaceLease() {
+    if (busy_) busy_->store(false, std::memory_order_release);
+  }
+  WorkspaceLease(const WorkspaceLease&) = delete;
+  WorkspaceLease& operator=(const WorkspaceLease&) = delete;
+  StepWorkspace& ws() { return *ws_; }
+
+ private:
+  std::atomic<bool>* busy_;
+  std::optional<StepWorkspace> fresh_;
+  StepWorkspace* ws_ = nullptr;
+};
+}  // namespace
+
 std::vector<float> V4Model::Forward(const std::vector<V4Seq>& seqs, bool per_row_layout, std::vector<float>* streams,
                                     V4Debug* debug) {
+  std::vector<float> logits;
+  ForwardInto(seqs, per_row_layout, &logits, streams, debug);
+  return logits;
+}
+
+void V4Model::ForwardInto(const std::vector<V4Seq>& seqs, bool per_row_layout, std::vector<float>* logits,
+                          std::vector<float>* streams, V4Debug* debug) {
   const ModelConfig& c = cfg_;
   Validate(seqs, c.n_layers);
-  Pass pass(*this, seqs, per_row_layout);
+  WorkspaceLease lease(ws_, ws_busy_);
+  StepWorkspace& ws = lease.ws();
+  Pass pass(*this, seqs, per_row_layout, ws);
   const int hc = c.hc_mult;
   const int64_t d = c.dim, R = pass.rows();
-  std::vector<float> X(R * hc * d);
+  std::vector<float>& X = Zeroed(ws.X, R * hc * d);
   int64_t r = 0;
   for (const V4Seq& q : seqs)
     for (int64_t i = 0; i < q.len; ++i, ++r)
@@ -795,11 +871,18 @@ std::vector<float> V4Model::Forward(const std::vector<V4Seq>& seqs, bool per_row
           X[(r * hc + j) * d + t] = Bf16ToFloat(w_->embed[static_cast<int64_t>(q.tokens[i]) * d + t]);
   if (debug) debug->layers.assign(c.n_layers, {});
   for (int l = 0; l < c.n_layers; ++l) pass.Block(l, X.data(), debug ? &debug->layers[l] : nullptr);
-  if (streams) *streams = X;
-  return pass.Head(X.data(), w_->hc_head, w_->norm);
+  if (streams) streams->assign(X.begin(), X.end());
+  pass.Head(X.data(), w_->hc_head, w_->norm, logits);
 }
 
 std::vector<float> V4Model::Mtp(const std::vector<V4Seq>& seqs, const float* streams, bool per_row_layout) {
+  std::vector<float> logits;
+  MtpInto(seqs, streams, per_row_layout, &logits);
+  return logits;
+}
+
+void V4Model::MtpInto(const std::vector<V4Seq>& seqs, const float* streams, bool per_row_layout,
+                      std::vector<float>* logits) {
   const ModelConfig& c = cfg_;
   if (c.n_mtp_layers < 1)
     Fail(ErrorKind::kInvalidArgument, "V4 Mtp: the model has no MTP block (num_nextn_predict_layers 0)");
@@ -807,10 +890,16 @@ std::vector<float> V4Model::Mtp(const std::vector<V4Seq>& seqs, const float* str
   const int l = c.n_layers;
   const BlockW& B = w_->blocks[l];
   const int hc = c.hc_mult;
-  Pass pass(*this, seqs, per_row_layout);
+  WorkspaceLease lease(ws_, ws_busy_);
+  StepWorkspace& ws = lease.ws();
+  Pass pass(*this, seqs, per_row_layout, ws);
   const int64_t d = c.dim, R = pass.rows();
   // MTPBlock.forward: e = enorm(embed(ids)); x = hnorm(streams); X = e_proj(e) + h_proj(x) per stream.
-  std::vector<float> e(R * d), ep(R * d), xs(R * hc * d), hp(R * hc * d), X(R * hc * d);
+  std::vector<float>& e = Zeroed(ws.mtp_e, R * d);
+  std::vector<float>& ep = Zeroed(ws.mtp_ep, R * d);
+  std::vector<float>& xs = Zeroed(ws.mtp_xs, R * hc * d);
+  std::vector<float>& hp = Zeroed(ws.mtp_hp, R * hc * d);
+  std::vector<float>& X = Zeroed(ws.X, R * hc * d);
   int64_t r = 0;
   for (const V4Seq& q : seqs)
     for (int64_t i = 0; i < q.len; ++i, ++r)
@@ -823,7 +912,7 @@ std::vector<float> V4Model::Mtp(const std::vector<V4Seq>& seqs, const float* str
     for (int j = 0; j < hc; ++j)
       for (int64_t t = 0; t < d; ++t) X[(q * hc + j) * d + t] = RoundBf16(ep[q * d + t] + hp[(q * hc + j) * d + t]);
   pass.Block(l, X.data(), nullptr);
-  return pass.Head(X.data(), B.hc_head, B.norm);
+  pass.Head(X.data(), B.hc_head, B.norm, logits);
 }
 
 // ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@
 // sizing stay generic. The model keeps no sequence state.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -35,6 +36,16 @@ namespace deepinfer::v4 {
 
 struct Weights;
 struct Ropes;
+struct StepWorkspace;
+
+// Load-time options.
+struct V4Options {
+  // true (default): the buffers of a Forward / Mtp call are kept and reused by
+  // the next (model/v4/workspace.h), so a steady-state decode step through
+  // ForwardInto / MtpInto allocates nothing. false: a fresh workspace per call
+  // (the eager path; same bits).
+  bool reuse_step_workspace = true;
+};
 
 // A self-contained state for one sequence of up to max_len positions (the
 // golden tests; the engine keeps its sequences in its CachePool instead): a
@@ -84,7 +95,7 @@ class V4Model {
   // Opens MODEL_DIR (config.json model_type deepseek_v4 + safetensors) and
   // binds every tensor. Throws deepinfer::Error naming the file and tensor
   // (missing tensor, wrong dtype or shape) or the unsupported config field.
-  static std::unique_ptr<V4Model> Load(const std::filesystem::path& model_dir);
+  static std::unique_ptr<V4Model> Load(const std::filesystem::path& model_dir, const V4Options& options = {});
   ~V4Model();
 
   const ModelConfig& config() const { return cfg_; }
@@ -112,12 +123,20 @@ class V4Model {
   // geometry or too few blocks.
   std::vector<float> Forward(const std::vector<V4Seq>& seqs, bool per_row_layout, std::vector<float>* streams = nullptr,
                              V4Debug* debug = nullptr);
+  // As Forward, the logits rows into *logits (resized to rows · vocab; its
+  // capacity and that of *streams are kept, so a decode step at a batch size
+  // already seen makes no heap allocation, V4Options::reuse_step_workspace).
+  // The same bits as Forward.
+  void ForwardInto(const std::vector<V4Seq>& seqs, bool per_row_layout, std::vector<float>* logits,
+                   std::vector<float>* streams = nullptr, V4Debug* debug = nullptr);
 
   // The MTP block mtp.0 (model-spec §3.2.7) on a batch: seqs[s].tokens are the
   // next ids (the token after each position), streams [total rows, hc, d] the
   // main model's final streams at those positions; its window ring is the
   // state's region of layer n_layers. Returns the draft logits rows as Forward.
   std::vector<float> Mtp(const std::vector<V4Seq>& seqs, const float* streams, bool per_row_layout);
+  // As Mtp, the draft logits rows into *logits (capacity kept, as ForwardInto).
+  void MtpInto(const std::vector<V4Seq>& seqs, const float* streams, bool per_row_layout, std::vector<float>* logits);
 
   // Speculative rollback (docs/speculative.md; rollback.cc). Floats of
   // V4Seq::carry_capture for a chunk of `len` rows in geometry `g`.
@@ -157,6 +176,10 @@ class V4Model {
   std::unique_ptr<TensorStore> store_;
   std::unique_ptr<Weights> w_;
   std::unique_ptr<Ropes> ropes_;
+  // The step workspace reused by Forward / Mtp calls (V4Options::reuse_step_workspace;
+  // null: a fresh one per call) and whether a call is using it now.
+  std::unique_ptr<StepWorkspace> ws_;
+  std::atomic<bool> ws_busy_{false};
 };
 
 }  // namespace deepinfer::v4

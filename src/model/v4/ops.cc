@@ -20,6 +20,15 @@ int CeilLog2(int64_t n) {
   while ((int64_t{1} << k) < n) ++k;
   return k;
 }
+// Per-thread scratch (thread_local at the call site) filled with n
+// value-initialised elements, as the per-call vector it replaces; its
+// capacity only grows, so a call at a size already seen allocates nothing
+// (model/v4/workspace.h).
+template <class T>
+T* Scratch(std::vector<T>& v, int64_t n) {
+  v.assign(static_cast<size_t>(n), T{});
+  return v.data();
+}
 }  // namespace
 
 void LinearFp8Ref(const float* x, int64_t M, const Fp8Weight& w, float* y) {
@@ -103,10 +112,12 @@ void QuantizeRows(const float* x, int64_t M, int64_t K, std::vector<double>* qd,
   sa->resize(M * nkb);
 #pragma omp parallel if(M * K > kParallelWork)
   {
-    std::vector<uint8_t> q(K), s(nkb);
+    thread_local std::vector<uint8_t> q_tl, s_tl;
+    uint8_t* q = Scratch(q_tl, K);
+    uint8_t* s = Scratch(s_tl, nkb);
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; ++m) {
-      QuantizeActE4M3(x + m * K, K, kActBlock, q.data(), s.data());
+      QuantizeActE4M3(x + m * K, K, kActBlock, q, s);
       for (int64_t k = 0; k < K; ++k) (*qd)[m * K + k] = tb.e4m3[q[k]];
       for (int64_t kb = 0; kb < nkb; ++kb) (*sa)[m * nkb + kb] = E8M0ToFloat(s[kb]);
     }
@@ -126,24 +137,28 @@ inline double Dot8(const double* a, const double* b, int64_t n) {
 void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, float* y) {
   const int64_t K = w.in, N = w.out, nkb = K / kActBlock;
   const Tables& tb = Tab();
-  std::vector<double> qd;
-  std::vector<float> sa;
+  thread_local std::vector<double> qd;
+  thread_local std::vector<float> sa;
   QuantizeRows(x, M, K, &qd, &sa);
+  const double* qdp = qd.data();  // the calling thread's scratch (qd and sa name each thread's own in the region)
+  const float* sap = sa.data();
 #pragma omp parallel if(M * N * K > kParallelWork)
   {
-    std::vector<double> wd(K);
-    std::vector<float> sw(nkb);
+    thread_local std::vector<double> wd_tl;
+    thread_local std::vector<float> sw_tl;
+    double* wd = Scratch(wd_tl, K);
+    float* sw = Scratch(sw_tl, nkb);
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const uint8_t* wr = w.w + n * K;
       for (int64_t k = 0; k < K; ++k) wd[k] = tb.e4m3[wr[k]];
       for (int64_t kb = 0; kb < nkb; ++kb) sw[kb] = E8M0ToFloat(w.scale[(n / kActBlock) * nkb + kb]);
       for (int64_t m = 0; m < M; ++m) {
-        const double* qr = qd.data() + m * K;
+        const double* qr = qdp + m * K;
         float acc = 0.0f;
         for (int64_t kb = 0; kb < nkb; ++kb) {
-          const double part = Dot8(qr + kb * kActBlock, wd.data() + kb * kActBlock, kActBlock);
-          acc = acc + static_cast<float>(part) * (sa[m * nkb + kb] * sw[kb]);
+          const double part = Dot8(qr + kb * kActBlock, wd + kb * kActBlock, kActBlock);
+          acc = acc + static_cast<float>(part) * (sap[m * nkb + kb] * sw[kb]);
         }
         y[m * N + n] = RoundBf16(acc);
       }
@@ -154,13 +169,17 @@ void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, float* y) {
 void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, float* y) {
   const int64_t K = w.in, N = w.out, nkb = K / kActBlock, ng = K / 32;
   const Tables& tb = Tab();
-  std::vector<double> qd;
-  std::vector<float> sa;
+  thread_local std::vector<double> qd;
+  thread_local std::vector<float> sa;
   QuantizeRows(x, M, K, &qd, &sa);
+  const double* qdp = qd.data();  // the calling thread's scratch (qd and sa name each thread's own in the region)
+  const float* sap = sa.data();
 #pragma omp parallel if(M * N * K > kParallelWork)
   {
-    std::vector<double> wd(K);
-    std::vector<float> sw(ng);
+    thread_local std::vector<double> wd_tl;
+    thread_local std::vector<float> sw_tl;
+    double* wd = Scratch(wd_tl, K);
+    float* sw = Scratch(sw_tl, ng);
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const uint8_t* wr = w.w + n * (K / 2);
@@ -170,11 +189,11 @@ void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, float* y) {
       }
       for (int64_t g = 0; g < ng; ++g) sw[g] = E8M0ToFloat(w.scale[n * ng + g]);
       for (int64_t m = 0; m < M; ++m) {
-        const double* qr = qd.data() + m * K;
+        const double* qr = qdp + m * K;
         float acc = 0.0f;
         for (int64_t g = 0; g < ng; ++g) {
-          const double part = Dot8(qr + g * 32, wd.data() + g * 32, 32);
-          acc = acc + static_cast<float>(part) * sa[m * nkb + g / 4] * sw[g];
+          const double part = Dot8(qr + g * 32, wd + g * 32, 32);
+          acc = acc + static_cast<float>(part) * sap[m * nkb + g / 4] * sw[g];
         }
         y[m * N + n] = RoundBf16(acc);
       }
@@ -188,12 +207,16 @@ void SparseAttentionRef(const float* q, int H, int64_t D, const uint16_t* const*
                         const float* sink, float softmax_scale, float* out) {
   constexpr int64_t kChunk = 64;
   const float ninf = -std::numeric_limits<float>::infinity();
-  std::vector<double> kv(kChunk * D);
-  std::vector<float> acc_o(D), p(kChunk);
-  std::vector<char> valid(kChunk);
+  thread_local std::vector<double> kv_tl;
+  thread_local std::vector<float> acc_o_tl, p_tl;
+  thread_local std::vector<char> valid_tl;
+  double* kv = Scratch(kv_tl, kChunk * D);
+  float* acc_o = Scratch(acc_o_tl, D);
+  float* p = Scratch(p_tl, kChunk);
+  char* valid = Scratch(valid_tl, kChunk);
   for (int h = 0; h < H; ++h) {
     const float* qh = q + h * D;
-    std::fill(acc_o.begin(), acc_o.end(), 0.0f);
+    std::fill(acc_o, acc_o + D, 0.0f);
     float sum_exp = 0.0f, m = ninf;
     for (int64_t c0 = 0; c0 < list_len; c0 += kChunk) {
       float acc_s[kChunk];
@@ -242,12 +265,16 @@ void HcMixes(const float* X, int64_t M, int hc, int64_t d, const float* fn, cons
   auto sigmoid = [](float v) { return 1.0f / (1.0f + Exp32(-v)); };
 #pragma omp parallel if(M * mix * flat > kParallelWork)
   {
-    std::vector<float> sq(flat), mixes(mix), rs(hc), cs(hc);
+    thread_local std::vector<float> sq_tl, mixes_tl, rs_tl, cs_tl;
+    float* sq = Scratch(sq_tl, flat);
+    float* mixes = Scratch(mixes_tl, mix);
+    float* rs = Scratch(rs_tl, hc);
+    float* cs = Scratch(cs_tl, hc);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < M; ++r) {
       const float* f = X + r * flat;
       for (int64_t i = 0; i < flat; ++i) sq[i] = f[i] * f[i];
-      const float rsq = 1.0f / std::sqrt(ref::TorchSum(sq.data(), flat) / static_cast<float>(flat) + norm_eps);
+      const float rsq = 1.0f / std::sqrt(ref::TorchSum(sq, flat) / static_cast<float>(flat) + norm_eps);
       for (int64_t j = 0; j < mix; ++j) {
         const float* w = fn + j * flat;
         float acc = 0.0f;
@@ -345,10 +372,25 @@ float OuterSum(const float* v, int64_t n) {
   return acc[0];
 }
 
+// Without NaN, "v[a] > v[b]" is a strict weak order whose ties are equal
+// values, so the stable sort's order is the total order (value descending,
+// index ascending) and its first k are partial_sort's under that order, which
+// needs no buffer (std::stable_sort allocates one on every call). With a NaN
+// the stable sort itself runs, as before.
 void StableTopK(const float* v, int64_t n, int64_t k, int64_t* idx) {
-  std::vector<int64_t> order(static_cast<size_t>(n));
+  thread_local std::vector<int64_t> order;
+  if (static_cast<int64_t>(order.capacity()) < n) order.reserve(static_cast<size_t>((n + 1023) / 1024 * 1024));
+  order.resize(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return v[a] > v[b]; });
+  bool nan = false;
+  for (int64_t i = 0; i < n && !nan; ++i) nan = std::isnan(v[i]);
+  if (nan) {
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return v[a] > v[b]; });
+  } else {
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t a, int64_t b) {
+      return v[a] > v[b] || (!(v[b] > v[a]) && a < b);
+    });
+  }
   for (int64_t j = 0; j < k; ++j) idx[j] = order[j];
 }
 

@@ -23,7 +23,10 @@
 //
 // Conventions as ref_ops.h: float arrays holding BF16-exact values where the
 // reference stores BF16; rows independent; no throwing (shapes are the
-// model's contract, checked at load).
+// model's contract, checked at load). Scratch is per thread (thread_local,
+// only growing), so the operators of the forward pass make no heap allocation
+// at shapes already seen (model/v4/workspace.h); the *Ref oracles of the
+// linears allocate per call.
 #pragma once
 
 #include <cstdint>
@@ -125,7 +128,9 @@ void IndexerScoresRef(const float* q, const float* w, int nh, int64_t D, const f
 float OuterSum(const float* v, int64_t n);
 
 // Indices of the k largest of v[0..n) in descending value order, equal values
-// by ascending index (the golden run's stable top-k rule). idx [k].
+// by ascending index (the golden run's stable top-k rule). idx [k]. Without a
+// NaN in v: a partial sort under that total order (no buffer); with one: the
+// stable sort by value, as the rule was first written.
 void StableTopK(const float* v, int64_t n, int64_t k, int64_t* idx);
 
 }  // namespace deepinfer::v4

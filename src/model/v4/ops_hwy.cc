@@ -43,6 +43,19 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 constexpr size_t kL = hn::MaxLanes(DF());
 
+// Per-thread scratch of at least n elements, aligned for hn::Load (the
+// caller's buffer is thread_local); it only grows, so a call at a size
+// already seen allocates nothing (model/v4/workspace.h). Its contents are
+// unspecified: every caller writes what it reads.
+template <class T>
+T* AlignedScratch(hwy::AlignedFreeUniquePtr<T[]>& buf, size_t& cap, int64_t n) {
+  if (cap < static_cast<size_t>(n)) {
+    buf = hwy::AllocateAligned<T>(static_cast<size_t>(n));
+    cap = static_cast<size_t>(n);
+  }
+  return buf.get();
+}
+
 // Returns false (caller uses the scalar form) when n is not a multiple of the vector width.
 bool HadamardV(float* x, int64_t n, float scale) {
   const DF df;
@@ -82,7 +95,9 @@ void IndexerScoresV(const float* q, const float* w, int nh, int64_t D, const flo
                     float* score) {
   const DF df;
   constexpr int64_t kW = kJ * static_cast<int64_t>(kL);
-  auto kt = hwy::AllocateAligned<float>(static_cast<size_t>(D * kW));
+  thread_local hwy::AlignedFreeUniquePtr<float[]> kt_buf;
+  thread_local size_t kt_cap = 0;
+  float* kt = AlignedScratch(kt_buf, kt_cap, D * kW);  // every element is written per key block
   const VF zero = hn::Zero(df);
   for (int64_t j0 = 0; j0 < n; j0 += kW) {
     const int64_t jn = std::min<int64_t>(kW, n - j0);
@@ -94,7 +109,7 @@ void IndexerScoresV(const float* q, const float* w, int nh, int64_t D, const flo
       const float* qh = q + h * D;
       VF dot[kJ];
       for (int u = 0; u < kJ; ++u) dot[u] = zero;
-      const float* kc = kt.get();
+      const float* kc = kt;
       for (int64_t c = 0; c < D; ++c, kc += kW) {
         const VF qc = hn::Set(df, qh[c]);
         HWY_UNROLL(4)
@@ -199,11 +214,16 @@ bool SparseAttentionV(const float* q, int H, int64_t D, const uint16_t* const* r
   const hn::Rebind<float, DD> dfh;
   if (D % static_cast<int64_t>(kDL) != 0) return false;
   const float ninf = -std::numeric_limits<float>::infinity();
-  auto kv = hwy::AllocateAligned<double>(static_cast<size_t>(kChunk * D));
-  auto kvt = hwy::AllocateAligned<double>(static_cast<size_t>(kChunk * D));
-  auto acc_o = hwy::AllocateAligned<float>(static_cast<size_t>(H * D));
-  std::fill(acc_o.get(), acc_o.get() + H * D, 0.0f);
-  std::vector<float> sum_exp(H, 0.0f), mx(H, ninf);
+  thread_local hwy::AlignedFreeUniquePtr<double[]> kv_buf, kvt_buf;
+  thread_local hwy::AlignedFreeUniquePtr<float[]> acc_buf;
+  thread_local size_t kv_cap = 0, kvt_cap = 0, acc_cap = 0;
+  thread_local std::vector<float> sum_exp, mx;
+  double* kv = AlignedScratch(kv_buf, kv_cap, kChunk * D);  // kv, kvt: every element written per chunk
+  double* kvt = AlignedScratch(kvt_buf, kvt_cap, kChunk * D);
+  float* acc_o = AlignedScratch(acc_buf, acc_cap, H * D);
+  std::fill(acc_o, acc_o + H * D, 0.0f);
+  sum_exp.assign(static_cast<size_t>(H), 0.0f);
+  mx.assign(static_cast<size_t>(H), ninf);
   HWY_ALIGN double dot[kChunk];
   float acc_s[kChunk], p[kChunk];
   double pb[kChunk];
@@ -223,7 +243,7 @@ bool SparseAttentionV(const float* q, int H, int64_t D, const uint16_t* const* r
       for (int64_t g0 = 0; g0 < kNV; g0 += kG) {
         VD acc[kG];
         for (int64_t v = 0; v < kG; ++v) acc[v] = hn::Zero(dd);
-        const double* kc = kvt.get() + g0 * kDL;
+        const double* kc = kvt + g0 * kDL;
         for (int64_t c = 0; c < D; ++c, kc += kChunk) {
           const VD qc = hn::Set(dd, static_cast<double>(qh[c]));
           HWY_UNROLL(8)
@@ -247,12 +267,12 @@ bool SparseAttentionV(const float* q, int H, int64_t D, const uint16_t* const* r
         pb[t] = static_cast<double>(RoundBf16(p[t]));
       }
       sum_exp[h] = sum_exp[h] * sc + static_cast<float>(psum);
-      float* ao = acc_o.get() + h * D;
+      float* ao = acc_o + h * D;
       const auto scv = hn::Set(dfh, sc);
       for (int64_t c = 0; c < D; c += static_cast<int64_t>(kDL)) {
         VD pv = hn::Zero(dd);
         for (int64_t t = 0; t < kChunk; ++t)
-          if (valid[t]) pv = hn::Add(pv, hn::Mul(hn::Set(dd, pb[t]), hn::Load(dd, kv.get() + t * D + c)));
+          if (valid[t]) pv = hn::Add(pv, hn::Mul(hn::Set(dd, pb[t]), hn::Load(dd, kv + t * D + c)));
         const auto a = hn::Mul(hn::LoadU(dfh, ao + c), scv);
         hn::StoreU(hn::Add(a, hn::DemoteTo(dfh, pv)), dfh, ao + c);
       }

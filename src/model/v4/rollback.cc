@@ -6,6 +6,7 @@
 // positions' compressed KV and index keys are already in their paged rows.
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "base/error.h"
 #include "model/v4/model.h"
@@ -48,7 +49,10 @@ void V4Model::RollbackCarry(const SequenceStateView& v, const std::vector<uint8_
       for (int comp = 0; comp < (r == 4 ? 2 : 1); ++comp) {  // attention compressor, then the indexer's
         const bool indexer = comp == 1;
         const int64_t wdt = coff * (indexer ? cfg_.index_head_dim : cfg_.head_dim), base = indexer ? 2 * nslot : 0;
-        std::vector<float> kvs(nslot * wdt), scs(nslot * wdt);
+        // Per-thread scratch (capacity kept: no allocation per rollback), filled as the fresh vectors were.
+        thread_local std::vector<float> kvs, scs;
+        kvs.assign(static_cast<size_t>(nslot * wdt), 0.0f);
+        scs.assign(static_cast<size_t>(nslot * wdt), 0.0f);
         if (start == 0) {  // a chunk at position 0 started from the fresh carry (model.cc Compressor)
           std::fill(kvs.begin(), kvs.end(), 0.0f);
           std::fill(scs.begin(), scs.end(), kNegInf);
