@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "format/numerics.h"
+#include "base/parallel.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ref/ref_math.h"
 #include "kernels/ref/ref_ops.h"
@@ -85,6 +86,10 @@ void ForEachTarget(F&& body) {
   const std::vector<int64_t> targets = AvailableTargets();
   ASSERT_FALSE(targets.empty());
   SetMinParallelMacs(0);  // exercise the OpenMP split even on these small shapes
+  // 3 threads: calls with fewer tiles than threads (N <= 128) split their rows
+  // into 16-row slices (linear_common.h ParallelItems).
+  const int threads = NumThreads();
+  SetNumThreads(3);
   for (int64_t t : targets) {
     ForceTarget(t);
     SCOPED_TRACE("target " + TargetName(t));
@@ -93,6 +98,7 @@ void ForEachTarget(F&& body) {
   }
   ForceTarget(0);
   SetMinParallelMacs(int64_t{1} << 20);
+  SetNumThreads(threads);
 }
 
 struct Shape {

@@ -91,8 +91,26 @@ HWY_INLINE void WithVMT(int vt, int rem, F&& f) {
 // past the last real row is skipped and the last one is narrowed to the
 // vectors that hold real rows (so an N = 24 weight streams 32 rows, not 64).
 // micro(IntC<V>, IntC<MT>, a, tile, roff, m0).
+// With a.slices (linear_common.h ParallelItems) item s is instead the
+// kSliceRows rows from 16·s, over all M rows.
 template <int V, int MT, typename Micro>
 HWY_INLINE void RunItems(const QArgs& a, int64_t item0, int64_t item1, Micro&& micro) {
+  static_assert(kTileRows % kSliceRows == 0, "a slice lies in one tile");
+  if (a.slices > 0) {
+    for (int64_t s = item0; s < item1; ++s) {
+      const int64_t r0 = s * kSliceRows, tile = r0 / kTileRows;
+      const int64_t slice_rows = std::min<int64_t>(kSliceRows, a.N - r0);
+      for (int64_t sub = 0; sub < slice_rows; sub += kMicroRows) {
+        const int64_t roff = r0 % kTileRows + sub, rows_here = std::min<int64_t>(kMicroRows, slice_rows - sub);
+        const int vt = static_cast<int>((rows_here + static_cast<int64_t>(kLanes) - 1) / static_cast<int64_t>(kLanes));
+        for (int64_t m0 = 0; m0 < a.M; m0 += MT) {
+          const int rem = static_cast<int>(std::min<int64_t>(MT, a.M - m0));
+          WithVMT<V, MT>(vt, rem, [&](auto v, auto mt) { micro(v, mt, a, tile, roff, m0); });
+        }
+      }
+    }
+    return;
+  }
   for (int64_t it = item0; it < item1; ++it) {
     const int64_t tile = it / a.mchunks, mc = it % a.mchunks;
     const int64_t m_begin = mc * a.mchunk, m_end = std::min(a.M, m_begin + a.mchunk);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/parallel.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace deepinfer::cpu {
@@ -34,6 +35,9 @@ struct QArgs {
   int ab = 32;                    // activation block (quantised linears)
   int64_t tiles = 0;
   int64_t mchunk = 1, mchunks = 1;
+  // Row slices (ParallelItems): 0 = items are (tile, m-chunk); else each item
+  // is one slice of kSliceRows output rows (all M rows, M < kBlockGemmMinM).
+  int64_t slices = 0;
   const uint8_t* w = nullptr;     // FP8 codes / FP4 nibbles
   const uint16_t* wb = nullptr;   // BF16 weights
   const float* wf = nullptr;      // FP32 weights (LinearF32)
@@ -161,14 +165,25 @@ inline int64_t g_min_parallel_macs = int64_t{1} << 16;
 // Runs fn over all (tile, m-chunk) items on the OpenMP team (NumThreads()),
 // or on the calling thread for small calls. Each output element is produced
 // by exactly one item, so the split never changes a result.
+//
+// A call with fewer tiles than threads and few rows (a decode GEMV with
+// N <= 64 on 2 threads: the mHC mixes, N = 24) splits its rows into slices of
+// kSliceRows instead, one item each, so it does not run on one thread while
+// the others wait.
+inline constexpr int64_t kSliceRows = 16;
 template <typename Fn>
 void ParallelItems(QArgs& a, Fn* fn) {
   constexpr int64_t kChunk = 96;  // a multiple of every micro-tile height
   a.mchunk = a.M <= kChunk ? a.M : kChunk;
   a.mchunks = (a.M + a.mchunk - 1) / a.mchunk;
-  const int64_t items = a.tiles * a.mchunks;
+  int64_t items = a.tiles * a.mchunks;
   const QArgs& ca = a;
-  if (a.M * a.N * a.K < g_min_parallel_macs) {
+  const bool parallel = a.M * a.N * a.K >= g_min_parallel_macs;
+  if (parallel && a.M < kBlockGemmMinM && items < NumThreads()) {
+    a.slices = (a.N + kSliceRows - 1) / kSliceRows;
+    items = a.slices;
+  }
+  if (!parallel) {
     fn(ca, 0, items);
   } else if (a.mchunks == 1) {
 #pragma omp parallel for schedule(static)
