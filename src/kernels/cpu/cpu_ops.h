@@ -218,10 +218,11 @@ void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, floa
 void SetMinParallelMacs(int64_t macs);
 
 // ------------------------------------------------------------------ dispatch control
-// FP4 linears with fewer than 16 activation rows (decode) on the AVX-512
-// target run their products as BF16 pair dots (VDPBF16PS, 32 weights per
-// lookup instead of 16) when the CPU has AVX512_BF16 and its instruction
-// passed a self-check against the two-step FMA definition
+// FP4 linears on the AVX-512 target (decode GEMVs and prefill GEMMs) run
+// their products as BF16 pair dots (VDPBF16PS: two columns per instruction,
+// 32 weights per lookup instead of 16) when the CPU has AVX512_BF16 and
+// AVX512_VBMI and its VDPBF16PS passed a self-check against the two-step FMA
+// definition
 // (kernels/cpu/fp4_bf16dot.h has the exactness argument): the same bits as
 // the FP32 path. Fp4Bf16DotSupported() says whether this CPU can;
 // SetFp4Bf16Dot(false) switches the path off (tests and benchmarks compare

@@ -1,6 +1,6 @@
-// FP4 E2M1 × FP8-activation linears with few activation rows (decode GEMV,
-// small batches) on AVX-512 CPUs that have AVX512_BF16: the products of two
-// consecutive columns in one VDPBF16PS (see linear_common.h "BF16 pair dots"
+// FP4 E2M1 × FP8-activation linears (decode GEMVs and prefill GEMMs) on
+// AVX-512 CPUs that have AVX512_BF16: the products of two consecutive columns
+// in one VDPBF16PS (see linear_common.h "BF16 pair dots"
 // for the exactness argument and fp4_bf16dot.h for the contract).
 //
 // Per output row n (one FP32 lane) and activation row m, as the reference
@@ -224,24 +224,49 @@ bool Fp4Bf16DotSupported() { return Supported(); }
 void SetFp4Bf16Dot(bool enable) { g_enabled.store(enable ? 1 : 0); }
 bool Fp4Bf16DotActive() { return g_enabled.load(std::memory_order_relaxed) != 0 && Supported(); }
 
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vbmi")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// 16 floats (8 pairs per zmm half) → 8 pair dwords in the low half; or-s
+// into bad the low BF16 halves and the non-finite lanes.
+static inline __m256i PairsOf(__m512 v, __m512i& bad) {
+  const __m512i u = _mm512_castps_si512(v);
+  bad = _mm512_or_si512(bad, _mm512_and_si512(u, _mm512_set1_epi32(0xFFFF)));
+  const __m512i e = _mm512_and_si512(u, _mm512_set1_epi32(0x7F800000));
+  bad = _mm512_mask_or_epi32(bad, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(0x7F800000)), bad,
+                             _mm512_set1_epi32(1));
+  // qword j = q[2j] | q[2j+1] << 32 → dword (q[2j] & 0xFFFF0000) | q[2j+1] >> 16.
+  const __m512i hi = _mm512_srli_epi64(u, 48);
+  const __m512i d = _mm512_ternarylogic_epi64(hi, u, _mm512_set1_epi64(0xFFFF0000LL), 0xD8);  // mask ? u : hi
+  return _mm512_cvtepi64_epi32(d);
+}
+
 bool PackActPairs(const float* q, int64_t M, int64_t K, int64_t ldq, uint32_t* qp) {
+  __m512i bad = _mm512_setzero_si512();
   for (int64_t m = 0; m < M; ++m) {
     const float* qr = q + m * ldq;
     uint32_t* o = qp + m * (K / 2);
-    uint32_t bad = 0;
-    for (int64_t k = 0; k < K; k += 2) {
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+      const __m256i lo = PairsOf(_mm512_loadu_ps(qr + k), bad);
+      const __m256i hi = PairsOf(_mm512_loadu_ps(qr + k + 16), bad);
+      _mm512_storeu_si512(o + k / 2, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+    }
+    for (; k < K; k += 2) {
       uint32_t u0, u1;
       std::memcpy(&u0, qr + k, 4);
       std::memcpy(&u1, qr + k + 1, 4);
-      // BF16-exact (low half zero) and finite (exponent field not all ones).
-      bad |= (u0 | u1) & 0xFFFFu;
-      bad |= static_cast<uint32_t>((u0 & 0x7F800000u) == 0x7F800000u) | static_cast<uint32_t>((u1 & 0x7F800000u) == 0x7F800000u);
+      const uint32_t b = ((u0 | u1) & 0xFFFFu) | static_cast<uint32_t>((u0 & 0x7F800000u) == 0x7F800000u) |
+                         static_cast<uint32_t>((u1 & 0x7F800000u) == 0x7F800000u);
+      bad = _mm512_or_si512(bad, _mm512_set1_epi32(static_cast<int>(b)));
       o[k / 2] = (u0 & 0xFFFF0000u) | (u1 >> 16);
     }
-    if (bad) return false;
   }
-  return true;
+  return _mm512_test_epi32_mask(bad, bad) == 0;
 }
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vbmi")

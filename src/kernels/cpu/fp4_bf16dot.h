@@ -1,6 +1,6 @@
 // deepinfer/kernels/cpu/fp4_bf16dot.h — the FP4 linear's products as BF16
-// pair dots (VDPBF16PS) for calls with few activation rows, on x86 CPUs with
-// AVX512_BF16 (Zen 4/5, Sapphire Rapids and later). Not a public header: used
+// pair dots (VDPBF16PS) on x86 CPUs with AVX512_BF16 and AVX512_VBMI (Zen 4/5,
+// Sapphire Rapids and later), every M. Not a public header: used
 // by linear_fp4.cc's AVX-512 path; cpu_ops.h exposes the switch.
 //
 // Exactness: VDPBF16PS computes, per FP32 lane, c + a_hi·b_hi then + a_lo·b_lo,
@@ -38,7 +38,8 @@ struct Fp4DotArgs {
 bool Fp4Bf16DotActive();
 
 // qp[m·K/2 + p] for rows m < M of q (row stride ldq, K even); false (qp
-// unusable) when a value is not finite or not exactly a BF16.
+// unusable) when a value is not finite or not exactly a BF16. Only call when
+// Fp4Bf16DotActive().
 bool PackActPairs(const float* q, int64_t M, int64_t K, int64_t ldq, uint32_t* qp);
 
 // The micro-tile of rows [roff, roff + 16·v) of one packed 64-row tile (wt:

@@ -236,7 +236,7 @@ void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (a.qp != nullptr) {
-    // Few rows on a CPU with AVX512_BF16: BF16 pair dots (fp4_bf16dot.h).
+    // A CPU with AVX512_BF16: BF16 pair dots (fp4_bf16dot.h), every M.
     Fp4DotArgs d;
     d.K = a.K;
     d.ab = a.ab;
@@ -267,8 +267,18 @@ void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
   });
 }
 
-// Per-target entry (hwy_util-inl.h RunLinearCall).
-void RunFp4Call(QArgs& a) { RunLinearCall(a, &RunFp4); }
+// Per-target entry (hwy_util-inl.h RunLinearCall). On AVX-512 with the BF16
+// pair dots (fp4_bf16dot.h) the activations are packed as BF16 pairs first.
+void RunFp4Call(QArgs& a) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (Fp4Bf16DotActive()) {
+    ActBuffers& buf = ThreadActBuffers();  // the caller's thread: a.q lives in buf.q, untouched here
+    if (static_cast<int64_t>(buf.qp.size()) < a.M * (a.K / 2)) buf.qp.resize(a.M * (a.K / 2));
+    if (PackActPairs(a.q, a.M, a.K, a.ldq, buf.qp.data())) a.qp = buf.qp.data();
+  }
+#endif
+  RunLinearCall(a, &RunFp4);
+}
 
 }  // namespace HWY_NAMESPACE
 }  // namespace deepinfer::cpu
@@ -300,10 +310,6 @@ void LinearFp4(const float* x, int64_t M, const PackedFp4& w, int act_block, flo
   QuantizeActRows(x, M, a.K, act_block, buf.q.data(), buf.sa.data(), act_format);
   a.q = buf.q.data();
   a.sa = buf.sa.data();
-  if (M < kBlockGemmMinM && Fp4Bf16DotActive()) {
-    if (static_cast<int64_t>(buf.qp.size()) < M * (a.K / 2)) buf.qp.resize(M * (a.K / 2));
-    if (PackActPairs(a.q, M, a.K, a.ldq, buf.qp.data())) a.qp = buf.qp.data();
-  }
   HWY_DYNAMIC_DISPATCH(RunFp4Call)(a);
 }
 
