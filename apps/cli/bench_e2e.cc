@@ -339,14 +339,17 @@ void RunE2e(const E2eArgs& a) {
       pb.seqs.push_back(q);
     }
     // V4: the same chunks through V4Model::Forward (its logits in fo's layout).
+    // The V4 batch and logits vectors are reused (capacity kept), so a
+    // steady-state decode step allocates only what the model does.
+    std::vector<v4::V4Seq> seqs4;
     auto forward = [&](const v41::ForwardBatch& b) {
       if (!is_v4) {
         model->Forward(b, &fo);
         return;
       }
-      std::vector<v4::V4Seq> seqs;
-      for (const v41::ForwardSeq& q : b.seqs) seqs.push_back({q.tokens, q.len, q.start_pos, q.state, true, false});
-      fo.logits = model4->Forward(seqs, /*per_row_layout=*/true);
+      seqs4.clear();
+      for (const v41::ForwardSeq& q : b.seqs) seqs4.push_back({q.tokens, q.len, q.start_pos, q.state, true, false});
+      model4->ForwardInto(seqs4, /*per_row_layout=*/true, &fo.logits);
       fo.vocab = cfg.vocab_size;
     };
     t0 = Now();
@@ -367,9 +370,10 @@ void RunE2e(const E2eArgs& a) {
     ResetRegionTimes();
     double decode_total = 0;
     uint64_t decode_allocs = 0, first_step_allocs = 0;
+    v41::ForwardBatch db;
+    db.exchange = a.dp > 1 ? EpExchange::kStatic : EpExchange::kReplicated;
     for (int st = 0; st < a.decode_steps; ++st) {
-      v41::ForwardBatch db;
-      db.exchange = a.dp > 1 ? EpExchange::kStatic : EpExchange::kReplicated;
+      db.seqs.clear();
       for (int s = 0; s < B; ++s) {
         v41::ForwardSeq q;
         q.tokens = &next[s];

@@ -285,7 +285,7 @@ struct KernelArgs {
 
 // One GEMV case: `copies` distinct packed copies, run(i) does one call on copy i.
 struct GemvCase {
-  std::string name, format, kernel;  // kernel: "fast" | "ref"
+  std::string name, format, kernel;  // kernel: "fast" | "fast-in-cache" | "ref" | "...-fp32-path"
   int64_t out = 0, in = 0;
   int64_t bytes_per_call = 0;
   int copies = 1;
@@ -337,6 +337,18 @@ void RunKernels(const KernelArgs& args) {
   std::printf("OpenBLAS core: %s\n", openblas_get_corename());
   std::printf("bench kernels: %s, %d threads, target %s\n", out["machine"]["cpu"].get<std::string>().c_str(),
               threads, cpu::ActiveTarget().c_str());
+  // AVX-512 with AVX512_BF16: the BF16 pair dots (FP4 always, FP8 for
+  // M >= 96); the FP32 path is measured beside them (GEMV kernel
+  // "...-fp32-path", GEMM formats "fp4-fp32-path", "fp8-fp32-path").
+  const bool fp4_dot = cpu::Bf16DotSupported() && cpu::ActiveTarget().rfind("AVX3", 0) == 0;
+  out["fp4_bf16_dot"] = fp4_dot;
+  std::printf("  BF16 pair dots (VDPBF16PS; FP4, FP8 at M >= 96): %s\n",
+              fp4_dot ? "yes (FP32 path measured beside)" : "no");
+  auto fp32_path = [](const std::function<void()>& f) {
+    cpu::SetBf16Dot(false);
+    f();
+    cpu::SetBf16Dot(true);
+  };
 
   // ---- machine limit
   const int64_t stream_floats = args.quick ? (int64_t{8} << 20) : (int64_t{32} << 20);
@@ -408,6 +420,12 @@ void RunKernels(const KernelArgs& args) {
                 static_cast<int64_t>(p4->bytes()), 400,
                 [p4, x, &y](int) { cpu::LinearFp4(x.data(), 1, *p4, 32, y.data()); }};
     gemv.push_back(TimeGemv(c4, args.reps, triad));
+    if (fp4_dot) {
+      GemvCase f{fmt::format("fp4 in-cache {}x{}", N, K), "fp4", "fast-in-cache-fp32-path", N, K,
+                 static_cast<int64_t>(p4->bytes()), 400,
+                 [p4, x, &y, fp32_path](int) { fp32_path([&] { cpu::LinearFp4(x.data(), 1, *p4, 32, y.data()); }); }};
+      gemv.push_back(TimeGemv(f, args.reps, triad));
+    }
   }
   struct Fp4Shape { const char* name; int64_t out, in; };
   const std::vector<Fp4Shape> fp4_shapes =
@@ -426,6 +444,13 @@ void RunKernels(const KernelArgs& args) {
     GemvCase c{s.name, "fp4", "fast", s.out, s.in, static_cast<int64_t>((*packs)[0].bytes()), copies,
                [packs, x, &y](int i) { cpu::LinearFp4(x.data(), 1, (*packs)[i], 32, y.data()); }};
     gemv.push_back(TimeGemv(c, args.reps, triad));
+    if (fp4_dot) {
+      GemvCase f{s.name, "fp4", "fast-fp32-path", s.out, s.in, static_cast<int64_t>((*packs)[0].bytes()), copies,
+                 [packs, x, &y, fp32_path](int i) {
+                   fp32_path([&] { cpu::LinearFp4(x.data(), 1, (*packs)[i], 32, y.data()); });
+                 }};
+      gemv.push_back(TimeGemv(f, args.reps, triad));
+    }
     if (std::string(s.name).find("w1") != std::string::npos) {
       auto srcs = std::make_shared<std::vector<std::vector<uint8_t>>>();
       const int rc = std::min(copies, 8);
@@ -504,10 +529,14 @@ void RunKernels(const KernelArgs& args) {
   for (int64_t M : ms) {
     const double flop = 2.0 * M * N * K;
     struct Fmt { const char* name; const std::vector<float>* deq; std::function<void()> fast; };
-    const std::vector<Fmt> fmts = {
+    std::vector<Fmt> fmts = {
         {"fp8", &f8, [&] { cpu::LinearFp8(xa.data(), M, p8, 32, ya.data()); }},
         {"fp4", &f4, [&] { cpu::LinearFp4(xa.data(), M, p4, 32, ya.data()); }},
         {"bf16", &fb, [&] { cpu::LinearBf16(xa.data(), M, pb, ya.data()); }}};
+    if (fp4_dot) {
+      fmts.push_back({"fp8-fp32-path", &f8, [&] { fp32_path([&] { cpu::LinearFp8(xa.data(), M, p8, 32, ya.data()); }); }});
+      fmts.push_back({"fp4-fp32-path", &f4, [&] { fp32_path([&] { cpu::LinearFp4(xa.data(), M, p4, 32, ya.data()); }); }});
+    }
     for (const Fmt& f : fmts) {
       pause();
       const std::vector<double> ts = time_it(
@@ -523,7 +552,7 @@ void RunKernels(const KernelArgs& args) {
       for (double t : ts) gs.push_back(flop / t / 1e9);
       for (double t : tf) gf.push_back(flop / t / 1e9);
       const double s = Median(gs), g = Median(gf);
-      std::printf("  gemm %-5s M=%-5lld N=%lld K=%lld  %8.1f GFLOP/s  sgemm %8.1f GFLOP/s  %5.1f%% of sgemm\n", f.name,
+      std::printf("  gemm %-13s M=%-5lld N=%lld K=%lld  %8.1f GFLOP/s  sgemm %8.1f GFLOP/s  %5.1f%% of sgemm\n", f.name,
                   static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K), g, s, 100 * g / s);
       std::fflush(stdout);
       gemm.push_back(json{{"format", f.name}, {"M", M}, {"N", N}, {"K", K}, {"gflops", g}, {"sgemm_gflops", s},
@@ -544,7 +573,8 @@ void RunKernels(const KernelArgs& args) {
     std::ofstream f(base.string() + ".gemv.dat");
     f << "# name gbps fraction_of_triad\n";
     for (const json& g : gemv)
-      f << '"' << g["name"].get<std::string>() << (g["kernel"] == "ref" ? " (scalar ref)" : "") << "\" "
+      f << '"' << g["name"].get<std::string>() << (g["kernel"] == "ref" ? " (scalar ref)" : "")
+        << (g["kernel"].get<std::string>().find("fp32-path") != std::string::npos ? " (fp32 path)" : "") << "\" "
         << g["gbps"].get<double>() << " " << g["fraction_of_triad"].get<double>() << "\n";
   }
   {
@@ -554,7 +584,7 @@ void RunKernels(const KernelArgs& args) {
       f << M;
       double sg = 0;
       for (const json& g : gemm)
-        if (g["M"] == M) {
+        if (g["M"] == M && g["format"].get<std::string>().find("fp32-path") == std::string::npos) {
           f << " " << g["gflops"].get<double>();
           if (g["format"] == "fp8") sg = g["sgemm_gflops"].get<double>();
         }

@@ -216,23 +216,51 @@ void CheckFp8(int64_t M, int64_t N, int64_t K, int B, int act_block, uint64_t se
   const PackedFp8 p = PackFp8(view);
   ASSERT_FALSE(p.use_ref);
   LinearFp8(x.data(), M, p, act_block, got.data(), fmt);
-  EXPECT_TRUE(SameBits(got, want)) << "M=" << M << " N=" << N << " K=" << K << " B=" << B;
+  int64_t first = -1;
+  for (int64_t i = 0; i < M * N && first < 0; ++i)
+    if (std::memcmp(&got[i], &want[i], 4) != 0) first = i;
+  EXPECT_TRUE(SameBits(got, want)) << "M=" << M << " N=" << N << " K=" << K << " B=" << B << " first mismatch: row "
+                                   << (first < 0 ? -1 : first / N) << " col " << (first < 0 ? -1 : first % N)
+                                   << " got " << (first < 0 ? 0.0f : got[first]) << " want "
+                                   << (first < 0 ? 0.0f : want[first]);
+}
+
+// Every FP8 and FP4 check runs with the BF16 pair-dot paths (cpu_ops.h
+// Bf16DotSupported: AVX-512 CPUs with AVX512_BF16) on and off, so both
+// AVX-512 paths are covered on such a CPU.
+template <typename F>
+void WithAndWithoutBf16Dot(F&& f) {
+  for (bool on : {true, false}) {
+    SCOPED_TRACE(on ? "fp4 bf16 dot on" : "fp4 bf16 dot off");
+    SetBf16Dot(on);
+    f();
+  }
+  SetBf16Dot(true);
 }
 
 TEST(CpuKernels, LinearFp8BitIdentical) {
-  ForEachTarget([&] {
-    uint64_t seed = 100;
-    for (const Shape& sh : kShapes) CheckFp8(sh.M, sh.N, sh.K, 32, 32, seed += 7);
-    CheckFp8(5, 130, 256, 128, 128, 900);  // V4 style 128×128 blocks
-    CheckFp8(3, 300, 384, 128, 128, 901);
+  WithAndWithoutBf16Dot([&] {
+    ForEachTarget([&] {
+      uint64_t seed = 100;
+      for (const Shape& sh : kShapes) CheckFp8(sh.M, sh.N, sh.K, 32, 32, seed += 7);
+      CheckFp8(5, 130, 256, 128, 128, 900);  // V4 style 128×128 blocks
+      CheckFp8(3, 300, 384, 128, 128, 901);
+      // M >= 96 (the BF16 pair-dot GEMM where supported): 128- and 64-wide
+      // activation blocks, two m-chunks.
+      CheckFp8(100, 130, 256, 128, 128, 902);
+      CheckFp8(97, 70, 64, 64, 64, 903);
+      CheckFp8(96, 64, 96, 32, 32, 904);
+    });
   });
 }
 
 TEST(CpuKernels, LinearFp8IeeeBitIdentical) {
-  ForEachTarget([&] {
-    uint64_t seed = 500;
-    for (const Shape& sh : kShapes) CheckFp8(sh.M, sh.N, sh.K, 32, 32, seed += 7, Fp8Format::kE4M3Ieee);
-    CheckFp8(5, 130, 256, 128, 128, 950, Fp8Format::kE4M3Ieee);
+  WithAndWithoutBf16Dot([&] {
+    ForEachTarget([&] {
+      uint64_t seed = 500;
+      for (const Shape& sh : kShapes) CheckFp8(sh.M, sh.N, sh.K, 32, 32, seed += 7, Fp8Format::kE4M3Ieee);
+      CheckFp8(5, 130, 256, 128, 128, 950, Fp8Format::kE4M3Ieee);
+    });
   });
 }
 
@@ -251,21 +279,8 @@ void CheckFp4(int64_t M, int64_t N, int64_t K, int act_block, uint64_t seed, Fp8
   EXPECT_TRUE(SameBits(got, want)) << "M=" << M << " N=" << N << " K=" << K << " ab=" << act_block;
 }
 
-// Every FP4 check runs with the BF16 pair-dot path (cpu_ops.h
-// Fp4Bf16DotSupported: AVX-512 CPUs with AVX512_BF16) on and off, so both
-// AVX-512 paths are covered on such a CPU.
-template <typename F>
-void WithAndWithoutFp4Bf16Dot(F&& f) {
-  for (bool on : {true, false}) {
-    SCOPED_TRACE(on ? "fp4 bf16 dot on" : "fp4 bf16 dot off");
-    SetFp4Bf16Dot(on);
-    f();
-  }
-  SetFp4Bf16Dot(true);
-}
-
 TEST(CpuKernels, LinearFp4BitIdentical) {
-  WithAndWithoutFp4Bf16Dot([&] {
+  WithAndWithoutBf16Dot([&] {
     ForEachTarget([&] {
       uint64_t seed = 200;
       for (const Shape& sh : kShapes) CheckFp4(sh.M, sh.N, sh.K, 32, seed += 7);
@@ -277,7 +292,7 @@ TEST(CpuKernels, LinearFp4BitIdentical) {
 }
 
 TEST(CpuKernels, LinearFp4IeeeActivationsBitIdentical) {
-  WithAndWithoutFp4Bf16Dot([&] {
+  WithAndWithoutBf16Dot([&] {
     ForEachTarget([&] {
       uint64_t seed = 600;
       for (const Shape& sh : kShapes) CheckFp4(sh.M, sh.N, sh.K, 32, seed += 7, Fp8Format::kE4M3Ieee);
@@ -291,7 +306,7 @@ TEST(CpuKernels, LinearFp4IeeeActivationsBitIdentical) {
 // round at every step (large then tiny products), and non-finite
 // activations (which must fall back and still match the reference).
 TEST(CpuKernels, LinearFp4Bf16DotEdgeValues) {
-  if (!Fp4Bf16DotSupported()) GTEST_SKIP() << "this CPU has no AVX512_BF16 (or it failed the self-check)";
+  if (!Bf16DotSupported()) GTEST_SKIP() << "this CPU has no AVX512_BF16 (or it failed the self-check)";
   const int64_t N = 64, K = 256;
   std::vector<uint8_t> w(N * K / 2);
   for (int64_t n = 0; n < N; ++n)

@@ -218,17 +218,16 @@ void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, floa
 void SetMinParallelMacs(int64_t macs);
 
 // ------------------------------------------------------------------ dispatch control
-// FP4 linears on the AVX-512 target (decode GEMVs and prefill GEMMs) run
-// their products as BF16 pair dots (VDPBF16PS: two columns per instruction,
-// 32 weights per lookup instead of 16) when the CPU has AVX512_BF16 and
-// AVX512_VBMI and its VDPBF16PS passed a self-check against the two-step FMA
-// definition
-// (kernels/cpu/fp4_bf16dot.h has the exactness argument): the same bits as
-// the FP32 path. Fp4Bf16DotSupported() says whether this CPU can;
-// SetFp4Bf16Dot(false) switches the path off (tests and benchmarks compare
-// the two; the default is on). Not thread-safe with concurrent kernel calls.
-bool Fp4Bf16DotSupported();
-void SetFp4Bf16Dot(bool enable);
+// BF16 pair dots (kernels/cpu/bf16_dot.h has the exactness argument): on the
+// AVX-512 target, when the CPU has AVX512_BF16 and AVX512_VBMI and its
+// VDPBF16PS passed a self-check against the two-step FMA definition, FP4
+// linears (every M: decode GEMVs and prefill GEMMs) and FP8 linears with
+// M >= 96 (prefill) run their products two columns per VDPBF16PS: the same
+// bits as the FP32 path. Bf16DotSupported() says whether this CPU can;
+// SetBf16Dot(false) switches the paths off (tests and benchmarks compare the
+// two; the default is on). Not thread-safe with concurrent kernel calls.
+bool Bf16DotSupported();
+void SetBf16Dot(bool enable);
 // Name of the Highway target the kernels dispatch to now ("AVX3", "AVX2",
 // "EMU128", "SCALAR", ...).
 std::string ActiveTarget();

@@ -46,7 +46,7 @@ struct QArgs {
   const float* q = nullptr;       // quantised activations ×256 [M, K] (or FP32 x for BF16)
   int64_t ldq = 0;                // row stride of q (elements)
   const float* sa = nullptr;      // activation scales [M, K/ab]
-  const uint32_t* qp = nullptr;   // FP4, few rows: q as BF16 pairs (fp4_bf16dot.h), or null
+  const uint32_t* qp = nullptr;   // FP4, few rows: q as BF16 pairs (bf16_dot.h), or null
   float* y = nullptr;             // output [M, ldy]
   int64_t ldy = 0;
   // BF16 linears
@@ -143,7 +143,7 @@ inline BlockScratch& ThreadBlockScratch() {
 // Per-thread activation scratch (grows, never shrinks).
 struct ActBuffers {
   std::vector<float> q, sa;
-  std::vector<uint32_t> qp;  // fp4_bf16dot.h PackActPairs
+  std::vector<uint32_t> qp;  // bf16_dot.h PackActPairs
   void Resize(int64_t nq, int64_t nsa) {
     if (static_cast<int64_t>(q.size()) < nq) q.resize(nq);
     if (static_cast<int64_t>(sa.size()) < nsa) sa.resize(nsa);

@@ -18,7 +18,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/fp4_bf16dot.h"
+#include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/hwy_util-inl.h"
 #include "kernels/cpu/linear_common.h"
 
@@ -236,7 +236,7 @@ void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (a.qp != nullptr) {
-    // A CPU with AVX512_BF16: BF16 pair dots (fp4_bf16dot.h), every M.
+    // A CPU with AVX512_BF16: BF16 pair dots (bf16_dot.h), every M.
     Fp4DotArgs d;
     d.K = a.K;
     d.ab = a.ab;
@@ -268,10 +268,10 @@ void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
 }
 
 // Per-target entry (hwy_util-inl.h RunLinearCall). On AVX-512 with the BF16
-// pair dots (fp4_bf16dot.h) the activations are packed as BF16 pairs first.
+// pair dots (bf16_dot.h) the activations are packed as BF16 pairs first.
 void RunFp4Call(QArgs& a) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if (Fp4Bf16DotActive()) {
+  if (Bf16DotActive()) {
     ActBuffers& buf = ThreadActBuffers();  // the caller's thread: a.q lives in buf.q, untouched here
     if (static_cast<int64_t>(buf.qp.size()) < a.M * (a.K / 2)) buf.qp.resize(a.M * (a.K / 2));
     if (PackActPairs(a.q, a.M, a.K, a.ldq, buf.qp.data())) a.qp = buf.qp.data();

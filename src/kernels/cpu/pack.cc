@@ -26,6 +26,7 @@ AlignedArray<T> AllocateAligned(size_t n) {
 }
 template AlignedArray<uint8_t> AllocateAligned<uint8_t>(size_t);
 template AlignedArray<uint16_t> AllocateAligned<uint16_t>(size_t);
+template AlignedArray<uint32_t> AllocateAligned<uint32_t>(size_t);
 template AlignedArray<float> AllocateAligned<float>(size_t);
 
 size_t PackedFp8::bytes() const {

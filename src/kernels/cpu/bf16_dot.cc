@@ -1,7 +1,7 @@
 // FP4 E2M1 × FP8-activation linears (decode GEMVs and prefill GEMMs) on
 // AVX-512 CPUs that have AVX512_BF16: the products of two consecutive columns
 // in one VDPBF16PS (see linear_common.h "BF16 pair dots"
-// for the exactness argument and fp4_bf16dot.h for the contract).
+// for the exactness argument and bf16_dot.h for the contract).
 //
 // Per output row n (one FP32 lane) and activation row m, as the reference
 // (ref::LinearFp4): for each 32-column group g, partial = 0; for k = 32g ..
@@ -19,7 +19,7 @@
 // instructions (multishift, vpermw, VDPBF16PS) where the FP32 path needs six
 // (two shifts, two vpermps, two adds). Needs AVX512_VBMI too (every CPU with
 // AVX512_BF16 but Cooper Lake has it).
-#include "kernels/cpu/fp4_bf16dot.h"
+#include "kernels/cpu/bf16_dot.h"
 
 #include <atomic>
 #include <cmath>
@@ -31,12 +31,12 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define DEEPINFER_FP4_BF16DOT 1
+#define DEEPINFER_BF16_DOT 1
 #endif
 
 namespace deepinfer::cpu {
 
-#if DEEPINFER_FP4_BF16DOT
+#if DEEPINFER_BF16_DOT
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vbmi")
@@ -220,9 +220,9 @@ bool Supported() {
 }
 }  // namespace
 
-bool Fp4Bf16DotSupported() { return Supported(); }
-void SetFp4Bf16Dot(bool enable) { g_enabled.store(enable ? 1 : 0); }
-bool Fp4Bf16DotActive() { return g_enabled.load(std::memory_order_relaxed) != 0 && Supported(); }
+bool Bf16DotSupported() { return Supported(); }
+void SetBf16Dot(bool enable) { g_enabled.store(enable ? 1 : 0); }
+bool Bf16DotActive() { return g_enabled.load(std::memory_order_relaxed) != 0 && Supported(); }
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vbmi")
@@ -230,37 +230,35 @@ bool Fp4Bf16DotActive() { return g_enabled.load(std::memory_order_relaxed) != 0 
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // 16 floats (8 pairs per zmm half) → 8 pair dwords in the low half; or-s
 // into bad the low BF16 halves and the non-finite lanes.
-static inline __m256i PairsOf(__m512 v, __m512i& bad) {
-  const __m512i u = _mm512_castps_si512(v);
-  bad = _mm512_or_si512(bad, _mm512_and_si512(u, _mm512_set1_epi32(0xFFFF)));
-  const __m512i e = _mm512_and_si512(u, _mm512_set1_epi32(0x7F800000));
-  bad = _mm512_mask_or_epi32(bad, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(0x7F800000)), bad,
+static inline __m256i PairsOf(__m512 v, __m512i shift, __m512i& bad) {
+  __m512i u = _mm512_castps_si512(v);
+  // Nonzero lanes: exponent − exp_shift (a lane whose exponent field would
+  // reach 0 or below is flagged: it would not stay a normal BF16).
+  const __mmask16 nz = _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7FFFFFFF));
+  const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi32(0x7F800000));
+  bad = _mm512_mask_or_epi32(bad, _mm512_mask_cmple_epi32_mask(nz, mag, shift), bad, _mm512_set1_epi32(1));
+  // Not finite (exponent field all ones), or not exactly a BF16.
+  bad = _mm512_mask_or_epi32(bad, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F800000)), bad,
                              _mm512_set1_epi32(1));
+  bad = _mm512_or_si512(bad, _mm512_and_si512(u, _mm512_set1_epi32(0xFFFF)));
+  u = _mm512_mask_sub_epi32(u, nz, u, shift);
   // qword j = q[2j] | q[2j+1] << 32 → dword (q[2j] & 0xFFFF0000) | q[2j+1] >> 16.
   const __m512i hi = _mm512_srli_epi64(u, 48);
   const __m512i d = _mm512_ternarylogic_epi64(hi, u, _mm512_set1_epi64(0xFFFF0000LL), 0xD8);  // mask ? u : hi
   return _mm512_cvtepi64_epi32(d);
 }
 
-bool PackActPairs(const float* q, int64_t M, int64_t K, int64_t ldq, uint32_t* qp) {
+bool PackActPairs(const float* q, int64_t M, int64_t K, int64_t ldq, uint32_t* qp, int exp_shift) {
+  if (K % 32 != 0) return false;
   __m512i bad = _mm512_setzero_si512();
+  const __m512i shift = _mm512_set1_epi32(exp_shift << 23);
   for (int64_t m = 0; m < M; ++m) {
     const float* qr = q + m * ldq;
     uint32_t* o = qp + m * (K / 2);
-    int64_t k = 0;
-    for (; k + 32 <= K; k += 32) {
-      const __m256i lo = PairsOf(_mm512_loadu_ps(qr + k), bad);
-      const __m256i hi = PairsOf(_mm512_loadu_ps(qr + k + 16), bad);
+    for (int64_t k = 0; k < K; k += 32) {
+      const __m256i lo = PairsOf(_mm512_loadu_ps(qr + k), shift, bad);
+      const __m256i hi = PairsOf(_mm512_loadu_ps(qr + k + 16), shift, bad);
       _mm512_storeu_si512(o + k / 2, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
-    }
-    for (; k < K; k += 2) {
-      uint32_t u0, u1;
-      std::memcpy(&u0, qr + k, 4);
-      std::memcpy(&u1, qr + k + 1, 4);
-      const uint32_t b = ((u0 | u1) & 0xFFFFu) | static_cast<uint32_t>((u0 & 0x7F800000u) == 0x7F800000u) |
-                         static_cast<uint32_t>((u1 & 0x7F800000u) == 0x7F800000u);
-      bad = _mm512_or_si512(bad, _mm512_set1_epi32(static_cast<int>(b)));
-      o[k / 2] = (u0 & 0xFFFF0000u) | (u1 >> 16);
     }
   }
   return _mm512_test_epi32_mask(bad, bad) == 0;
@@ -281,13 +279,107 @@ void Fp4Bf16DotMicro(const Fp4DotArgs& a, const uint8_t* wt, const uint8_t* st, 
 }
 #pragma GCC pop_options
 
-#else  // !DEEPINFER_FP4_BF16DOT
+// ---------------------------------------------------------------- FP8
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vbmi")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+namespace {
 
-bool Fp4Bf16DotSupported() { return false; }
-void SetFp4Bf16Dot(bool) {}
-bool Fp4Bf16DotActive() { return false; }
-bool PackActPairs(const float*, int64_t, int64_t, int64_t, uint32_t*) { return false; }
+// BF16 bits of (E4M3 code's value × 2^-100) for 16 codes (one per dword):
+// exponent field e ≥ 1: sign | (e + 20) << 7 | m << 4; e = 0 (subnormal
+// m·2^-9): m·2^-109, a normal BF16 from an 8-entry table.
+alignas(64) constexpr uint32_t kE4M3SubBf16[16] = {0x0000, 0x0900, 0x0980, 0x09C0, 0x0A00, 0x0A20, 0x0A40, 0x0A60,
+                                                   0, 0, 0, 0, 0, 0, 0, 0};
+inline __m512i E4M3Bf16(__m128i codes) {
+  const __m512i c = _mm512_cvtepu8_epi32(codes);
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 8);
+  const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x7F)), 4),
+                                          _mm512_set1_epi32(20 << 7));
+  const __m512i sub = _mm512_permutexvar_epi32(c, _mm512_load_si512(kE4M3SubBf16));  // reads bits 3..0: m (e = 0)
+  const __mmask16 is_sub = _mm512_testn_epi32_mask(c, _mm512_set1_epi32(0x78));
+  return _mm512_or_si512(_mm512_mask_mov_epi32(normal, is_sub, sub), sign);
+}
+
+template <int V, int MT>
+inline void BlockMicro(const uint32_t* wp, int64_t npairs, int64_t roff, const uint32_t* qp, int64_t ldqp,
+                       const float* sa, int64_t lds, const float* sw, float* acc) {
+  __m512 part[MT][V];
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < V; ++v) part[m][v] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int64_t k2 = 0; k2 < npairs; ++k2) {
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      const __m512bh w = reinterpret_cast<__m512bh>(_mm512_load_si512(wp + k2 * kTileRows + roff + v * 16));
+#pragma GCC unroll 8
+      for (int m = 0; m < MT; ++m) {
+        const __m512bh q = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(qp[m * ldqp + k2])));
+        part[m][v] = _mm512_dpbf16_ps(part[m][v], w, q);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MT; ++m) {
+    const __m512 s = _mm512_set1_ps(sa[m * lds]);
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      const __m512 swv = _mm512_set1_ps(sw[(roff + v * 16) / 16]);
+      float* p = acc + m * kTileRows + v * 16;
+      _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), _mm512_mul_ps(_mm512_mul_ps(part[m][v], s), swv)));
+    }
+  }
+}
+
+template <int V>
+void BlockMicroMT(const uint32_t* wp, int64_t npairs, int64_t roff, const uint32_t* qp, int64_t ldqp,
+                  const float* sa, int64_t lds, const float* sw, float* acc, int mt) {
+  switch (mt) {
+    case 1: BlockMicro<V, 1>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
+    case 2: BlockMicro<V, 2>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
+    case 3: BlockMicro<V, 3>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
+    case 4: BlockMicro<V, 4>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
+    case 5: BlockMicro<V, 5>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
+    default: BlockMicro<V, 6>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
+  }
+}
+
+}  // namespace
+
+void Fp8Bf16DotConvertBlock(const uint8_t* wt, uint32_t* wp) {
+  for (int k2 = 0; k2 < 16; ++k2) {
+    const uint8_t* ca = wt + (2 * k2) * kTileRows;
+    const uint8_t* cb = ca + kTileRows;
+    for (int r = 0; r < kTileRows; r += 16) {
+      const __m512i a = E4M3Bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ca + r)));
+      const __m512i b = E4M3Bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(cb + r)));
+      _mm512_store_si512(wp + k2 * kTileRows + r, _mm512_or_si512(_mm512_slli_epi32(a, 16), b));
+    }
+  }
+}
+
+void Fp8Bf16DotBlockMicro(const uint32_t* wp, int64_t npairs, int64_t roff, const uint32_t* qp, int64_t ldqp,
+                          const float* sa, int64_t lds, const float* sw, float* acc, int v, int mt) {
+  switch (v) {
+    case 1: BlockMicroMT<1>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc, mt); break;
+    case 2: BlockMicroMT<2>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc, mt); break;
+    case 3: BlockMicroMT<3>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc, mt); break;
+    default: BlockMicroMT<4>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc, mt); break;
+  }
+}
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+#else  // !DEEPINFER_BF16_DOT
+
+bool Bf16DotSupported() { return false; }
+void SetBf16Dot(bool) {}
+bool Bf16DotActive() { return false; }
+bool PackActPairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int) { return false; }
 void Fp4Bf16DotMicro(const Fp4DotArgs&, const uint8_t*, const uint8_t*, int64_t, int64_t, int, int, float*) {}
+void Fp8Bf16DotConvertBlock(const uint8_t*, uint32_t*) {}
+void Fp8Bf16DotBlockMicro(const uint32_t*, int64_t, int64_t, const uint32_t*, int64_t, const float*, int64_t,
+                          const float*, float*, int, int) {}
 
 #endif
 

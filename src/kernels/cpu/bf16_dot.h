@@ -1,0 +1,77 @@
+// deepinfer/kernels/cpu/bf16_dot.h — the FP4 linear's products as BF16
+// pair dots (VDPBF16PS) on x86 CPUs with AVX512_BF16 and AVX512_VBMI (Zen 4/5,
+// Sapphire Rapids and later), every M. Not a public header: used
+// by linear_fp4.cc's AVX-512 path; cpu_ops.h exposes the switch.
+//
+// Exactness: VDPBF16PS computes, per FP32 lane, c + a_hi·b_hi then + a_lo·b_lo,
+// each an FMA rounded to nearest even with denormal inputs and outputs
+// flushed (Intel SDM). The operands here are the kernels' scaled operands
+// (linear_common.h kActOperandScale): q·2^119 (an E4M3 value: 4 significant
+// bits, normal) and the E2M1 value ·2^-120 (normal), both exact in BF16; their
+// product (at most 6 significant bits) is exact in FP32, so each FMA gives the
+// bits of the reference's multiply then add; every partial sum is 0 or at
+// least 2^-12 in magnitude, so the flushing never applies. The CPU's
+// instruction is checked once against that two-step definition
+// (SelfCheck in bf16_dot.cc, crafted and pseudo-random lanes); a CPU
+// whose VDPBF16PS differs keeps the FP32 path.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace deepinfer::cpu {
+
+// One call's operands. qp [M, ldqp]: per activation row, dword p =
+// (BF16 bits of q[2p]) << 16 | (BF16 bits of q[2p+1]) (PackActPairs); sa
+// [M, K/ab]: the activation scales as the FP32 kernels take them (2·s_act).
+struct Fp4DotArgs {
+  int64_t K = 0;
+  int ab = 32;
+  const uint32_t* qp = nullptr;
+  int64_t ldqp = 0;
+  const float* sa = nullptr;
+};
+
+// Bf16DotSupported() and not switched off by SetBf16Dot(false)
+// (both in cpu_ops.h).
+bool Bf16DotActive();
+
+// qp[m·K/2 + p] for rows m < M of q (row stride ldq, K a multiple of 32),
+// each nonzero value first scaled by 2^-exp_shift (exact: an exponent
+// change; 0 for FP4, 20 for FP8 below); false (qp unusable) when a value is
+// not finite, not exactly a BF16 or too small to stay normal. Only call when
+// Bf16DotActive().
+bool PackActPairs(const float* q, int64_t M, int64_t K, int64_t ldq, uint32_t* qp, int exp_shift = 0);
+
+// The micro-tile of rows [roff, roff + 16·v) of one packed 64-row tile (wt:
+// its FP4 dwords, st: its UE8M0 scale bytes, pack.cc layout) × activation
+// rows m0 .. m0+mt-1 (1 <= v <= 4, 1 <= mt <= 4) over all of K: out[m·v·16 +
+// r] = the FP32 accumulator of row m and output roff + r, before the BF16
+// rounding. Only call when Bf16DotActive().
+void Fp4Bf16DotMicro(const Fp4DotArgs& a, const uint8_t* wt, const uint8_t* st, int64_t roff, int64_t m0, int v,
+                     int mt, float* out);
+
+// ---- FP8 prefill GEMM (M >= 96, linear_fp8.cc): weights converted once per 32-column
+// block of a 64-row tile into BF16 pairs, reused by every activation row of
+// the m-chunk. Operands: the E4M3 value × 2^-100 (every code, subnormals
+// included, is a normal BF16 then) and q × 2^99 (PackActPairs with
+// exp_shift 20 from the kernels' q·2^119): the products are the FP32 path's
+// (q·w/2) exactly.
+//
+// wt: the packed FP8 tile at column k0 (pack.cc: byte [k][r], 64 rows per
+// column), 32 columns; wp[k2·64 + r] = (BF16 of w[r][k0+2k2]) << 16 | BF16 of
+// w[r][k0+2k2+1], the values as the FP32 path decodes the codes.
+void Fp8Bf16DotConvertBlock(const uint8_t* wt, uint32_t* wp);
+// One activation block (npairs = act_block/2 pairs, wp: its 32-column
+// blocks converted one after the other) of V (1..4) vectors of rows roff.. ×
+// mt (1..6) activation rows: part = Σ over the pairs in order (per pair:
+// column k, then k+1), then acc[m·64 + r] += (part·sa[m·lds])·sw[r/16] for r
+// in the micro column, the reference's block step (sa: the rows' activation
+// scales of this block, sw: the tile's 4 weight scales at the block's first
+// column, per 16 rows, as the FP32 path reads them). qp: pairs of row m0 at
+// the block's first pair, row stride ldqp.
+void Fp8Bf16DotBlockMicro(const uint32_t* wp, int64_t npairs, int64_t roff, const uint32_t* qp, int64_t ldqp,
+                          const float* sa, int64_t lds, const float* sw, float* acc, int v, int mt);
+
+}  // namespace deepinfer::cpu
