@@ -1,9 +1,9 @@
-// FP4 E2M1 × FP8-activation linears (decode GEMVs and prefill GEMMs) on
-// AVX-512 CPUs that have AVX512_BF16: the products of two consecutive columns
-// in one VDPBF16PS (see linear_common.h "BF16 pair dots"
-// for the exactness argument and bf16_dot.h for the contract).
+// The FP4 linears (decode GEMVs and prefill GEMMs) and the FP8 prefill GEMM
+// on AVX-512 CPUs that have AVX512_BF16: the products of two consecutive
+// columns in one VDPBF16PS (bf16_dot.h has the exactness argument and the
+// contract; docs/kernels.md "BF16 pair dots" the measurements).
 //
-// Per output row n (one FP32 lane) and activation row m, as the reference
+// FP4: per output row n (one FP32 lane) and activation row m, as the reference
 // (ref::LinearFp4): for each 32-column group g, partial = 0; for k = 32g ..
 // 32g+31 in order, partial = partial + q[m,k]·w[n,k]; then acc = acc +
 // (partial·s_act)·s_w[n,g]. VDPBF16PS adds the high BF16 pair product, then
@@ -38,11 +38,15 @@ namespace deepinfer::cpu {
 
 #if DEEPINFER_BF16_DOT
 
+// GCC 12's AVX-512 shift and convert intrinsics pass _mm512_undefined_*() as
+// the unused merge operand, which -W(maybe-)uninitialized reports once
+// inlined; nothing is read.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vbmi")
-// GCC 12's shift intrinsics pass _mm512_undefined_epi32() as the unused
-// merge operand, which -Wmaybe-uninitialized reports; nothing is read.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace {
 
@@ -226,8 +230,6 @@ bool Bf16DotActive() { return g_enabled.load(std::memory_order_relaxed) != 0 && 
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vbmi")
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // 16 floats (8 pairs per zmm half) → 8 pair dwords in the low half; or-s
 // into bad the low BF16 halves and the non-finite lanes.
 static inline __m256i PairsOf(__m512 v, __m512i shift, __m512i& bad) {
@@ -263,7 +265,6 @@ bool PackActPairs(const float* q, int64_t M, int64_t K, int64_t ldq, uint32_t* q
   }
   return _mm512_test_epi32_mask(bad, bad) == 0;
 }
-#pragma GCC diagnostic pop
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -282,8 +283,6 @@ void Fp4Bf16DotMicro(const Fp4DotArgs& a, const uint8_t* wt, const uint8_t* st, 
 // ---------------------------------------------------------------- FP8
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vbmi")
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 namespace {
 
 // BF16 bits of (E4M3 code's value × 2^-100) for 16 codes (one per dword):
@@ -367,8 +366,9 @@ void Fp8Bf16DotBlockMicro(const uint32_t* wp, int64_t npairs, int64_t roff, cons
     default: BlockMicroMT<4>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc, mt); break;
   }
 }
-#pragma GCC diagnostic pop
 #pragma GCC pop_options
+
+#pragma GCC diagnostic pop
 
 #else  // !DEEPINFER_BF16_DOT
 
