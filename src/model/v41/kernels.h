@@ -1,9 +1,9 @@
 // deepinfer/model/v41/kernels.h — the V4.1 forward pass's operator dispatch
-// (model.cc, dspark.cc): the fast CPU kernel when the weight was repacked at
-// load (kernels/cpu/cpu_ops.h, bit-identical), else the scalar reference
-// operator (kernels/ref/ref_ops.h, where shapes, dtypes and the arithmetic of
-// each are documented: model-spec §3.1, §4). No errors (shapes are the
-// caller's contract).
+// (model.cc, block.cc, attention.cc, moe.cc, dspark.cc): the fast CPU kernel
+// when the weight was repacked at load (kernels/cpu/cpu_ops.h, bit-identical),
+// else the scalar reference operator (kernels/ref/ref_ops.h, where shapes,
+// dtypes and the arithmetic of each are documented: model-spec §3.1, §4).
+// No errors (shapes are the caller's contract).
 #pragma once
 
 #include <algorithm>

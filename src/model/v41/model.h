@@ -17,7 +17,7 @@
 // way the reference's do: the indexer's top-k tie-breaking sees the call's
 // compressed length (positions up to the chunk end), and the attention list
 // layout (window slots first, 64-wide chunks) follows the reference's
-// prefill (start_pos 0) or decode layout (see model.cc).
+// prefill (start_pos 0) or decode layout (see attention.cc).
 //
 // Numerics (model-spec §4): FP8/FP4 block-scaled linears with the activation
 // quantiser of §3.1(b); BF16 rounding points as the reference; FP32 mHC,

@@ -1,5 +1,5 @@
 // deepinfer/model/v41/workspace.h — the step workspace of the V4.1 forward
-// pass (model.cc): every activation buffer and per-layer scratch of one
+// pass (forward_pass.h): every activation buffer and per-layer scratch of one
 // Forward call, kept by the model and reused by the next call (the CPU form
 // of a per-bucket step plan, issue 20 item 4).
 //
@@ -39,7 +39,7 @@ struct StepWorkspace {
   std::vector<int32_t> engram_back;  // one sequence's Engram look-back
   // Residual streams [R, hc, dim] and the `pre` of the next site [R, hc].
   std::vector<float> X, pre_in;
-  // Compressed selections [layer][row] and candidate masks [row] (model.cc).
+  // Compressed selections [layer][row] and candidate masks [row] (attention.cc).
   std::vector<std::vector<std::vector<int32_t>>> sel;
   std::vector<std::vector<uint8_t>> cand;
   // Engram.

@@ -1,0 +1,84 @@
+// The MoE of the DeepSeek-V4.1 forward pass (forward_pass.h), model-spec
+// §3.3.5 (rounding per §4), as the reference's MoE.forward: the router
+// (sqrtsoftplus gate, `bias` / `bias_vl`), the routed experts on their owner
+// ranks (parallel/expert_parallel.h) and the shared expert, each a SwiGLU with
+// the limit (Expert.forward, kernels.h SwiGlu), and the FP32 combine rounded
+// to BF16.
+#include <optional>
+#include <vector>
+
+#include "base/error.h"
+#include "base/region_timer.h"
+#include "format/numerics.h"
+#include "model/v41/forward_pass.h"
+#include "model/v41/kernels.h"
+#include "model/v41/weights.h"
+#include "model/v41/workspace.h"
+#include "parallel/expert_parallel.h"
+
+namespace deepinfer::v41 {
+
+// ------------------------------------------------------------------ MoE
+
+void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64_t r1) {
+  RegionScope region(Region::kMoe);
+  const MoeWeights& F = w_.layers[l].ffn;
+  const int64_t n = r1 - r0, d = c_.dim, I = c_.moe_inter_dim;
+  const float* x = x_all + r0 * d;  // rows [r0, r1) of the step
+  float* v = v_all + r0 * d;
+  const int k = c_.n_activated_experts;
+  const int ab = c_.act_block_size;
+  const float lim = c_.swiglu_limit;
+  std::vector<int32_t>& idx = Zeroed(ws_.moe_idx, n * k);
+  std::vector<float>& wts = Zeroed(ws_.moe_w, n * k);
+  std::vector<const float*>& bias = ws_.moe_bias;  // text tokens: `bias`; image spans: `bias_vl`
+  bias.assign(static_cast<size_t>(n), F.bias.data());
+  for (int64_t r = 0; r < n; ++r)
+    if (row_image_[r]) bias[r] = F.bias_vl.data();
+  std::optional<RegionScope> router(std::in_place, Region::kRouter);
+  Router(x, n, F.gate, bias.data(), k, c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
+              soft_vec_.data() + r0, idx.data(), wts.data());
+  router.reset();
+  // Routed experts in increasing expert id, FP32 combine (MoE.forward).
+  std::vector<float>& y = Zeroed(ws_.moe_y, n * d);
+  auto swiglu = [&](const float* xin, int64_t m, const Fp4Linear* w1, const Fp4Linear* w3,
+                    const Fp4Linear* w2, const Fp8Linear* s1, const Fp8Linear* s3,
+                    const Fp8Linear* s2, const float* rw, float* out) {
+    // Per thread: the routed experts run in parallel (RoutedExperts).
+    thread_local std::vector<float> gt, up, neg;
+    Zeroed(gt, m * I);
+    Zeroed(up, m * I);
+    if (w1) {
+      Linear(xin, m, *w1, ab, gt.data());
+      Linear(xin, m, *w3, ab, up.data());
+    } else {
+      Linear(xin, m, *s1, ab, gt.data());
+      Linear(xin, m, *s3, ab, up.data());
+    }
+    SwiGlu(gt.data(), up.data(), m, I, lim, rw, neg);
+    if (w2) Linear(gt.data(), m, *w2, ab, out);
+    else Linear(gt.data(), m, *s2, ab, out);
+  };
+  // Routed experts: each on its owner rank (one process: all local), the
+  // experts' SwiGLUs in parallel (each on one thread; the kernels inside run
+  // on that thread), then per row the combine in increasing expert id, as
+  // the reference sums (parallel/expert_parallel.h).
+  RoutedExperts(
+      m_.comm_, b_.exchange, m_.shard_, x, n, d, idx.data(), wts.data(), k,
+      [&](int e, const float* xin, int64_t m, const float* rw, float* out) {
+        const ExpertWeights& ew = F.experts[e];
+        DI_CHECK(ew.bound);
+        swiglu(xin, m, &ew.w1, &ew.w3, &ew.w2, nullptr, nullptr, nullptr, rw, out);
+      },
+      y.data());
+  std::vector<float>& sh = Zeroed(ws_.moe_sh, n * d);
+  swiglu(x, n, nullptr, nullptr, nullptr, &F.shared_w1, &F.shared_w3, &F.shared_w2, nullptr, sh.data());
+  for (int64_t i = 0; i < n * d; ++i) v[i] = RoundBf16(y[i] + sh[i]);
+  if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size()) && r0 == 0 && r1 == R_) {
+    const SeqInfo& q = seq_[m_.debug_seq_];
+    m_.debug_->router_indices[l].assign(idx.begin() + q.row0 * k, idx.begin() + (q.row0 + q.T) * k);
+    m_.debug_->router_weights[l].assign(wts.begin() + q.row0 * k, wts.begin() + (q.row0 + q.T) * k);
+  }
+}
+
+}  // namespace deepinfer::v41
