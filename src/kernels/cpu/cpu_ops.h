@@ -38,7 +38,12 @@
 // (E4M3 NaN codes 0x7F/0xFF, UE8M0 scales 0x00 and 0xFF) make the packed
 // weight fall back to the scalar reference operator (`use_ref`). An activation
 // row containing a NaN or ±Inf is quantised by the scalar quantiser, so NaN
-// rows stay NaN exactly where the reference's are (NaN payloads may differ).
+// rows stay NaN exactly where the reference's are. The sign and payload of a
+// NaN output are not part of the contract: when two NaNs meet, which one an
+// add keeps depends on the operand order the compiler chose for that kernel
+// variant, so they may differ from the reference's and between variants (a
+// GEMV with fewer tiles than threads runs 16-row slices, so also between
+// thread counts). Every non-NaN output is bit-identical.
 #pragma once
 
 #include <cstdint>
