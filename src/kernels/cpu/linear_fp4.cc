@@ -55,14 +55,13 @@ HWY_INLINE VF E2M1Lookup(hn::Vec<hn::RebindToUnsigned<DF>> code) {
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2
 inline constexpr bool kFp4Gemv = true;
-inline constexpr int kFp4GemvGroups = HWY_TARGET == HWY_AVX2 ? 2 : 1;
 // GEMV (one activation row): G consecutive 32-column groups g0.. of V
-// vectors of output rows, their partial sums independent (G·V add chains in
-// flight instead of V), each then added to acc in increasing group order as
-// the reference does. Two groups at a time on AVX2 (measured on Zen 5 with
-// the AVX2 target: ~1.25x the one-group loop); one on AVX-512, where the
-// lookups (one vpermps per 16 weights) are the limit and a second group only
-// adds register pressure. Per column the possible products q·w form a table (the
+// vectors of output rows, their partial sums independent, each then added to
+// acc in increasing group order as the reference does. G = 1: two groups at
+// a time (2·V add chains in flight) measured slower on Zen 5 on both targets
+// (AVX-512: the lookups, one vpermps per 16 weights, are the limit; AVX2, 2
+// threads, 2304×5120: 7.0–8.6 GB/s against 10.5–11.3 with one group, the
+// second group's registers spill). Per column the possible products q·w form a table (the
 // exact values the multiply would give), so each weight costs a shift, one
 // lookup and one add:
 // - AVX-512: the 16 products of the column in one zmm, vpermps reads bits
@@ -137,9 +136,6 @@ HWY_INLINE void Fp4Gemv(const QArgs& a, const uint8_t* wt, const uint8_t* st, in
   const uint32_t* w32 = reinterpret_cast<const uint32_t*>(wt);
   const int64_t groups = a.K / 32;
   int64_t g = 0;
-  if constexpr (kFp4GemvGroups == 2) {
-    for (; g + 2 <= groups; g += 2) Fp4GemvGroups<V, 2>(row, w32, st, roff, g, acc);
-  }
   for (; g < groups; ++g) Fp4GemvGroups<V, 1>(row, w32, st, roff, g, acc);
   HWY_ALIGN float out[V * kLanes];
   HWY_UNROLL(8)
