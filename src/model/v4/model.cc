@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "base/error.h"
+#include "base/region_timer.h"
 #include "format/numerics.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ref/ref_math.h"
@@ -26,6 +27,23 @@ namespace deepinfer::v4 {
 namespace {
 
 const float kNegInf = -std::numeric_limits<float>::infinity();
+// A MoE call on at most this many rows runs the shared expert as one task
+// beside the routed experts (Pass::Moe).
+constexpr int64_t kSharedExpertTaskRows = 8;
+
+// An expert task's scratch, per thread (Pass::Moe): the gathered inputs xin
+// [m, d], the SwiGLU halves gt, up and the exps e [m, I]; Reserve makes room
+// for `rows`.
+struct MoeScratch {
+  std::vector<float> xin, gt, up, e;
+  void Reserve(int64_t rows, int64_t d, int64_t I) {
+    ReserveInSteps(xin, rows * d, 1);
+    ReserveInSteps(gt, rows * I, 1);
+    ReserveInSteps(up, rows * I, 1);
+    ReserveInSteps(e, rows * I, 1);
+  }
+};
+thread_local MoeScratch tl_moe;
 
 // A BF16 weight and its repacking for the fast CPU kernels (kernels/cpu/cpu_ops.h,
 // bit-identical to the ref:: operators), made once all weights are bound.
@@ -71,6 +89,7 @@ struct HcHeadW {
 struct BlockW {
   std::vector<uint16_t> attn_norm, ffn_norm;
   std::vector<float> hc_fn[2], hc_base[2], hc_scale[2];
+  cpu::PackedF32 hc_fn_packed[2];  // hc_fn repacked for the fast HcMixes
   AttentionW attn;
   FfnW ffn;
   // mtp.* only
@@ -273,7 +292,9 @@ std::unique_ptr<V4Model> V4Model::Load(const std::filesystem::path& model_dir, c
   for (int s = 0; s < c.n_mtp_layers; ++s)
     W.blocks.push_back(BindBlock(b, "mtp." + std::to_string(s) + ".", c.n_layers + s, c));
   W.head.Pack();
+  const int64_t mix = c.hc_mix_dim(), flat = static_cast<int64_t>(c.hc_mult) * c.dim;
   for (BlockW& B : W.blocks) {
+    for (int s = 0; s < 2; ++s) B.hc_fn_packed[s] = cpu::PackF32(B.hc_fn[s].data(), mix, flat);
     B.attn.wo_a.Pack();
     B.ffn.gate.Pack();
     if (B.attn.comp.ratio > 0) {
@@ -342,8 +363,12 @@ class Pass {
   bool RefPrefill(int s) const { return !per_row_ && info_[s].start == 0; }
 
   void Attention(int l, const float* x, float* v, V4Debug::Layer* dbg);
-  void Compressor(int l, int s, const CompressorW& W, bool indexer, const float* x);
-  void Indexer(int l, int s, const float* x, const float* qr, std::vector<std::vector<int64_t>>* sel, V4Debug::Layer* dbg);
+  // x·wkvᵀ and x·wgateᵀ of every row of the call into *a, *g [R, coff·hd].
+  void CompressorInputs(const CompressorW& W, const float* x, std::vector<float>* a, std::vector<float>* g);
+  // One sequence's compressor steps on its rows of a_all, g_all (CompressorInputs).
+  void Compressor(int l, int s, const CompressorW& W, bool indexer, const float* a_all, const float* g_all);
+  void IndexerInputs(int l, const float* x, const float* qr);
+  void Indexer(int l, int s, std::vector<std::vector<int64_t>>* sel, V4Debug::Layer* dbg);
   void Moe(int l, const float* x, float* v, V4Debug::Layer* dbg);
 
   // State rows (memcpy in and out: the pool's alignment is the caller's business).
@@ -387,14 +412,23 @@ void Pass::Block(int l, float* X, V4Debug::Layer* dbg) {
   const std::vector<uint16_t>* norms[2] = {&B.attn_norm, &B.ffn_norm};
   const int64_t T0 = info_.empty() ? 0 : info_[0].T;
   for (int site = 0; site < 2; ++site) {
-    HcMixes(X, n, hc, d, B.hc_fn[site].data(), B.hc_base[site].data(), B.hc_scale[site].data(), c_.norm_eps,
-            c_.hc_sinkhorn_iters, c_.hc_eps, pre.data(), post.data(), comb.data());
-    ref::HcCollapse(X, pre.data(), n, hc, d, x.data());
-    ref::RmsNorm(x.data(), n, d, norms[site]->data(), c_.norm_eps, x.data());
+    {
+      RegionScope region(Region::kMhc);
+      HcMixes(X, n, hc, d, B.hc_fn_packed[site], B.hc_base[site].data(), B.hc_scale[site].data(), c_.norm_eps,
+              c_.hc_sinkhorn_iters, c_.hc_eps, pre.data(), post.data(), comb.data());
+      cpu::HcCollapse(X, pre.data(), n, hc, d, x.data());
+    }
+    {
+      RegionScope region(Region::kNorm);
+      ref::RmsNorm(x.data(), n, d, norms[site]->data(), c_.norm_eps, x.data());
+    }
     if (site == 0) Attention(l, x.data(), v.data(), dbg);
     else Moe(l, x.data(), v.data(), dbg);
-    ref::HcExpand(v.data(), X, post.data(), comb.data(), n, hc, d, X2.data());
-    std::memcpy(X, X2.data(), X2.size() * sizeof(float));
+    {
+      RegionScope region(Region::kMhc);
+      cpu::HcExpand(v.data(), X, post.data(), comb.data(), n, hc, d, X2.data());
+      std::memcpy(X, X2.data(), X2.size() * sizeof(float));
+    }
     if (dbg) {
       dbg->hc_pre[site].assign(pre.begin(), pre.begin() + T0 * hc);
       dbg->hc_post[site].assign(post.begin(), post.begin() + T0 * hc);
@@ -407,6 +441,7 @@ void Pass::Block(int l, float* X, V4Debug::Layer* dbg) {
 
 // Attention.forward.
 void Pass::Attention(int l, const float* x, float* v, V4Debug::Layer* dbg) {
+  RegionScope region(Region::kAttention);
   const AttentionW& A = w_.blocks[l].attn;
   const int64_t n = R_, H = c_.n_heads, D = c_.head_dim, rd = c_.rope_head_dim, win = c_.window_size;
   const int ratio = c_.compress_ratios[l];
@@ -415,83 +450,122 @@ void Pass::Attention(int l, const float* x, float* v, V4Debug::Layer* dbg) {
   // (squares, mean, +eps rounded to BF16; rsqrt in FP32 rounded once), RoPE on the last rd dims.
   std::vector<float>& qr = Zeroed(ws_.qr, n * c_.q_lora_rank);
   std::vector<float>& q = Zeroed(ws_.q, n * H * D);
-  std::vector<float>& sq = Zeroed(ws_.qsq, D);
   LinearFp8(x, n, A.wq_a, qr.data());
   ref::RmsNorm(qr.data(), n, c_.q_lora_rank, A.q_norm.data(), c_.norm_eps, qr.data());
   LinearFp8(qr.data(), n, A.wq_b, q.data());
-  for (int64_t r = 0; r < n; ++r)
+  std::optional<RegionScope> core(std::in_place, Region::kAttnCore);
+#pragma omp parallel for schedule(static) if(n > 1 && n * H * D >= (int64_t{1} << 16))
+  for (int64_t r = 0; r < n; ++r) {
+    thread_local std::vector<float> sq_tl;
+    float* sq = Zeroed(sq_tl, D).data();
     for (int64_t h = 0; h < H; ++h) {
       float* qh = q.data() + (r * H + h) * D;
       for (int64_t i = 0; i < D; ++i) sq[i] = RoundBf16(qh[i] * qh[i]);
-      const float mean = RoundBf16(ref::TorchSum(sq.data(), D) / static_cast<float>(D));
+      const float mean = RoundBf16(ref::TorchSum(sq, D) / static_cast<float>(D));
       const float rs = RoundBf16(1.0f / std::sqrt(RoundBf16(mean + c_.norm_eps)));
       for (int64_t i = 0; i < D; ++i) qh[i] = RoundBf16(qh[i] * rs);
       rope.Apply(qh + D - rd, row_pos_[r], false);
     }
+  }
   // Window K (= V): kv_norm(wkv(x)), RoPE, FP8 QDQ in blocks of 64 on the nope dims.
+  core.reset();
   std::vector<float>& kv = Zeroed(ws_.kv, n * D);
   LinearFp8(x, n, A.wkv, kv.data());
   ref::RmsNorm(kv.data(), n, D, A.kv_norm.data(), c_.norm_eps, kv.data());
+  core.emplace(Region::kAttnCore);
+  std::vector<uint16_t>& kvb = Zeroed(ws_.kvb, n * D);
+#pragma omp parallel for schedule(static) if(n > 1 && n * D >= (int64_t{1} << 16))
   for (int64_t r = 0; r < n; ++r) {
     rope.Apply(kv.data() + r * D + D - rd, row_pos_[r], false);
     Fp8QdqInPlace(kv.data() + r * D, D - rd, 64);
+    for (int64_t i = r * D; i < (r + 1) * D; ++i) kvb[i] = FloatToBf16(kv[i]);
   }
-  std::vector<uint16_t>& kvb = Zeroed(ws_.kvb, n * D);
-  for (int64_t i = 0; i < n * D; ++i) kvb[i] = FloatToBf16(kv[i]);
+  core.reset();
   // Compressed branch per sequence: the indexer selects (C4), the compressor emits entries.
+  // The row-wise projections of both run once over all rows of the call (each
+  // output row depends only on its input row), the rest per sequence.
   const int S = static_cast<int>(seqs_.size());
+  if (ratio > 0) {
+    RegionScope cr(Region::kCompressor);
+    CompressorInputs(A.comp, x, &ws_.cmp_a, &ws_.cmp_g);
+  }
+  if (ratio == 4) IndexerInputs(l, x, qr.data());
   // Row r's C4 selection is sel[r] (Indexer fills it); the rows keep their capacity.
   std::vector<std::vector<int64_t>>& sel = ws_.sel;
   if (static_cast<int64_t>(sel.size()) < n) sel.resize(static_cast<size_t>(n));
   for (int64_t r = 0; r < n; ++r) sel[r].clear();
   for (int s = 0; s < S; ++s) {
-    if (ratio == 4) Indexer(l, s, x, qr.data(), &sel, s == 0 ? dbg : nullptr);
-    if (ratio > 0) Compressor(l, s, A.comp, false, x);
+    if (ratio == 4) Indexer(l, s, &sel, s == 0 ? dbg : nullptr);
+    if (ratio > 0) Compressor(l, s, A.comp, false, ws_.cmp_a.data(), ws_.cmp_g.data());
   }
   // Sparse attention with sink over the candidate list (get_window_topk_idxs + compressed part).
+  core.emplace(Region::kAttnCore);
   std::vector<float>& o = Zeroed(ws_.o, n * H * D);
   const float scale = static_cast<float>(std::pow(static_cast<double>(D), -0.5));
+  // Per sequence: the ring positions before its chunk (ring [S, win, D]) and
+  // the compressed entries visible to the chunk (ckv from ckv_off[s]).
+  std::vector<uint16_t>& ring = ws_.ring;
+  std::vector<uint16_t>& ckv = ws_.ckv;
+  std::vector<int64_t>& ckv_off = ws_.ckv_off;
+  ckv_off.resize(static_cast<size_t>(S) + 1);
+  ckv_off[0] = 0;
+  for (int s = 0; s < S; ++s) ckv_off[s + 1] = ckv_off[s] + (ratio > 0 ? (info_[s].start + info_[s].T) / ratio : 0);
+  ReserveInSteps(ring, S * win * D, win * D);
+  ring.resize(static_cast<size_t>(S * win * D));  // the rows read below are written first
+  ReserveInSteps(ckv, ckv_off[S] * D, kGrowPositions * D);
+  ckv.resize(static_cast<size_t>(ckv_off[S] * D));
   for (int s = 0; s < S; ++s) {
     const Info& qi = info_[s];
-    const bool pre = RefPrefill(s);
-    // Ring positions before the chunk, and the compressed entries visible to the chunk.
-    std::vector<uint16_t>& ring = Zeroed(ws_.ring, win * D);
-    std::vector<uint16_t>& ckv = ws_.ckv;
-    ckv.clear();
+    uint16_t* rs = ring.data() + s * win * D;
     for (int64_t p = std::max<int64_t>(0, qi.start - win); p < qi.start; ++p)
-      FromBf16Row(Row(s, StateKind::kWindow, l, p % win), D, ring.data() + (p % win) * D);
-    if (ratio > 0) {
-      const int64_t E = (qi.start + qi.T) / ratio;
-      ReserveInSteps(ckv, E * D, kGrowPositions * D);
-      Zeroed(ckv, E * D);
-      for (int64_t j = 0; j < E; ++j) FromBf16Row(Row(s, StateKind::kCompressedKv, l, j), D, ckv.data() + j * D);
-    }
-    std::vector<const uint16_t*>& rows = ws_.rows;
-    // The longest list: the window, then the C128 width or the C4 selection.
+      FromBf16Row(Row(s, StateKind::kWindow, l, p % win), D, rs + (p % win) * D);
+    for (int64_t j = 0; j < ckv_off[s + 1] - ckv_off[s]; ++j)
+      FromBf16Row(Row(s, StateKind::kCompressedKv, l, j), D, ckv.data() + (ckv_off[s] + j) * D);
+  }
+  // One query row: its candidate list (the window, then the C128 width or the
+  // C4 selection), the attention, RoPE back. Rows run in parallel, one per
+  // thread, dealt round-robin (a fixed assignment: every thread's scratch is
+  // sized in the first step); a single row splits its heads over the team
+  // (SparseAttention).
+  auto attend_row = [&](int64_t r) {
+    thread_local std::vector<const uint16_t*> rows;
+    const int s = row_seq_[r];
+    const Info& qi = info_[s];
+    const bool pre = RefPrefill(s);
+    const int64_t p = row_pos_[r];
+    const uint16_t* rs = ring.data() + s * win * D;
+    const uint16_t* cs = ckv.data() + ckv_off[s] * D;
     ReserveInSteps(rows, win + (ratio == 128 ? (qi.start + qi.T) / ratio : ratio == 4 ? c_.index_topk : 0),
                    kGrowPositions);
-    for (int64_t i = 0; i < qi.T; ++i) {
-      const int64_t r = qi.row0 + i, p = qi.start + i;
-      rows.clear();
-      const int64_t first = std::max<int64_t>(0, p - win + 1);
-      for (int64_t qp = first; qp <= p; ++qp)
-        rows.push_back(qp >= qi.start ? kvb.data() + (qi.row0 + qp - qi.start) * D : ring.data() + (qp % win) * D);
-      rows.resize(pre ? std::min(qi.T, win) : win, nullptr);
-      if (ratio == 128) {
-        const int64_t vis = (p + 1) / ratio, width = pre ? qi.T / ratio : vis;
-        for (int64_t j = 0; j < width; ++j) rows.push_back(j < vis ? ckv.data() + j * D : nullptr);
-      } else if (ratio == 4) {
-        for (int64_t j : sel[r]) rows.push_back(j >= 0 ? ckv.data() + j * D : nullptr);
-      }
-      float* orow = o.data() + r * H * D;
-      SparseAttention(q.data() + r * H * D, static_cast<int>(H), D, rows.data(), static_cast<int64_t>(rows.size()),
-                      A.sink.data(), scale, orow);
-      for (int64_t h = 0; h < H; ++h) rope.Apply(orow + h * D + D - rd, p, true);
+    rows.clear();
+    const int64_t first = std::max<int64_t>(0, p - win + 1);
+    for (int64_t qp = first; qp <= p; ++qp)
+      rows.push_back(qp >= qi.start ? kvb.data() + (qi.row0 + qp - qi.start) * D : rs + (qp % win) * D);
+    rows.resize(pre ? std::min(qi.T, win) : win, nullptr);
+    if (ratio == 128) {
+      const int64_t vis = (p + 1) / ratio, width = pre ? qi.T / ratio : vis;
+      for (int64_t j = 0; j < width; ++j) rows.push_back(j < vis ? cs + j * D : nullptr);
+    } else if (ratio == 4) {
+      for (int64_t j : sel[r]) rows.push_back(j >= 0 ? cs + j * D : nullptr);
     }
-    // Window ring: the chunk's last `win` positions into slot p mod win.
+    float* orow = o.data() + r * H * D;
+    SparseAttention(q.data() + r * H * D, static_cast<int>(H), D, rows.data(), static_cast<int64_t>(rows.size()),
+                    A.sink.data(), scale, orow);
+    for (int64_t h = 0; h < H; ++h) rope.Apply(orow + h * D + D - rd, p, true);
+  };
+  if (n == 1) {
+    attend_row(0);
+  } else {
+#pragma omp parallel for schedule(static, 1)
+    for (int64_t r = 0; r < n; ++r) attend_row(r);
+  }
+  // Window ring: each chunk's last `win` positions into slot p mod win.
+  for (int s = 0; s < S; ++s) {
+    const Info& qi = info_[s];
     for (int64_t i = std::max<int64_t>(0, qi.T - win); i < qi.T; ++i)
       ToBf16Row(kv.data() + (qi.row0 + i) * D, D, Row(s, StateKind::kWindow, l, (qi.start + i) % win));
   }
+  core.reset();
   // Grouped BF16 wo_a, then FP8 wo_b.
   std::vector<float>& z = Zeroed(ws_.z, n * c_.o_groups * c_.o_lora_rank);
   cpu::GroupedLinearBf16(o.data(), n, c_.o_groups, A.wo_a.packed, z.data());
@@ -507,14 +581,21 @@ void Pass::Attention(int l, const float* x, float* v, V4Debug::Layer* dbg) {
 // or Hadamard + FP4 QDQ (indexer). After an emission the consumed slots are
 // cleared to (0, −∞), so the carry equals the reference prefill's. A chunk at
 // start_pos 0 starts from the fresh carry (kv 0, score −∞).
-void Pass::Compressor(int l, int s, const CompressorW& W, bool indexer, const float* x) {
+void Pass::CompressorInputs(const CompressorW& W, const float* x, std::vector<float>* a, std::vector<float>* g) {
+  const int64_t wdt = W.coff * W.hd;
+  Zeroed(*a, R_ * wdt);
+  Zeroed(*g, R_ * wdt);
+  cpu::LinearF32Bf16W(x, R_, W.wkv.packed, a->data());
+  cpu::LinearF32Bf16W(x, R_, W.wgate.packed, g->data());
+}
+
+void Pass::Compressor(int l, int s, const CompressorW& W, bool indexer, const float* a_all, const float* g_all) {
+  RegionScope region(Region::kCompressor);
   const Info& qi = info_[s];
   const int r = W.ratio, coff = W.coff;
   const int64_t hd = W.hd, wdt = coff * hd, rd = c_.rope_head_dim, nslot = coff * r;
-  std::vector<float>& a = Zeroed(ws_.cmp_a, qi.T * wdt);
-  std::vector<float>& g = Zeroed(ws_.cmp_g, qi.T * wdt);
-  cpu::LinearF32Bf16W(x + qi.row0 * c_.dim, qi.T, W.wkv.packed, a.data());
-  cpu::LinearF32Bf16W(x + qi.row0 * c_.dim, qi.T, W.wgate.packed, g.data());
+  const float* a = a_all + qi.row0 * wdt;  // this sequence's rows of x·wkvᵀ and x·wgateᵀ
+  const float* g = g_all + qi.row0 * wdt;
   // Carry rows: kv then score, nslot rows of wdt floats each (attention rows first, the indexer's after them).
   const int64_t base = indexer ? 2 * nslot : 0;
   std::vector<float>& kvs = Zeroed(ws_.cmp_kvs, nslot * wdt);
@@ -599,29 +680,46 @@ void Pass::Compressor(int l, int s, const CompressorW& W, bool indexer, const fl
 // Indexer.forward (model-spec §3.2.5): per row the selected compressed
 // positions; reference prefill layout: min(topk, E) entries over all E of the
 // chunk, invisible ones −1; per-row layout: min(topk, visible) entries.
-void Pass::Indexer(int l, int s, const float* x, const float* qr, std::vector<std::vector<int64_t>>* sel,
-                   V4Debug::Layer* dbg) {
+// The indexer's row-wise parts over all rows of the call: the queries
+// (wq_b, RoPE, Hadamard, FP4 QDQ), its compressor's projections and the head
+// weights (weights_proj, scaled, BF16).
+void Pass::IndexerInputs(int l, const float* x, const float* qr) {
+  RegionScope region(Region::kIndexer);
   const AttentionW& A = w_.blocks[l].attn;
-  const Info& qi = info_[s];
-  const int64_t n = qi.T, nh = c_.index_n_heads, ID = c_.index_head_dim, rd = c_.rope_head_dim;
-  const int r = 4;
-  const ref::RopeTable& rope = ropes_.For(r);
+  const int64_t n = R_, nh = c_.index_n_heads, ID = c_.index_head_dim, rd = c_.rope_head_dim;
+  const ref::RopeTable& rope = ropes_.For(4);
   std::vector<float>& qI = Zeroed(ws_.idx_q, n * nh * ID);
-  LinearFp8(qr + qi.row0 * c_.q_lora_rank, n, A.idx_wq_b, qI.data());
+  LinearFp8(qr, n, A.idx_wq_b, qI.data());
   const float hscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5));
+#pragma omp parallel for schedule(static) if(n > 1 && n * nh * ID >= (int64_t{1} << 16))
   for (int64_t i = 0; i < n; ++i)
     for (int64_t h = 0; h < nh; ++h) {
       float* qh = qI.data() + (i * nh + h) * ID;
-      rope.Apply(qh + ID - rd, qi.start + i, false);
+      rope.Apply(qh + ID - rd, row_pos_[i], false);
       Hadamard(qh, ID, hscale);
       Fp4QdqUe8m0InPlace(qh, ID, 32);
     }
-  Compressor(l, s, A.idx_comp, true, x);
+  {
+    RegionScope cr(Region::kCompressor);
+    CompressorInputs(A.idx_comp, x, &ws_.idx_cmp_a, &ws_.idx_cmp_g);
+  }
   std::vector<float>& wts = Zeroed(ws_.idx_w, n * nh);
-  cpu::LinearBf16(x + qi.row0 * c_.dim, n, A.idx_wproj.packed, wts.data());
+  cpu::LinearBf16(x, n, A.idx_wproj.packed, wts.data());
   const float wscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5) *
                                           std::pow(static_cast<double>(nh), -0.5));
   for (auto& w : wts) w = RoundBf16(w * wscale);
+}
+
+void Pass::Indexer(int l, int s, std::vector<std::vector<int64_t>>* sel, V4Debug::Layer* dbg) {
+  RegionScope region(Region::kIndexer);
+  const AttentionW& A = w_.blocks[l].attn;
+  const Info& qi = info_[s];
+  const int64_t n = qi.T, nh = c_.index_n_heads, ID = c_.index_head_dim;
+  const int r = 4;
+  // This sequence's rows of the queries and head weights (IndexerInputs).
+  const float* qI = ws_.idx_q.data() + qi.row0 * nh * ID;
+  const float* wts = ws_.idx_w.data() + qi.row0 * nh;
+  Compressor(l, s, A.idx_comp, true, ws_.idx_cmp_a.data(), ws_.idx_cmp_g.data());
   const int64_t E = (qi.start + n) / r;
   ReserveInSteps(ws_.idx_keys, E * ID, kGrowPositions * ID);
   std::vector<float>& keys = Zeroed(ws_.idx_keys, E * ID);
@@ -648,8 +746,8 @@ void Pass::Indexer(int l, int s, const float* x, const float* qr, std::vector<st
     out.clear();
     ReserveInSteps(out, c_.index_topk, 1);
     if (K == 0) continue;
-    const float* qrow = qI.data() + i * nh * ID;
-    IndexerScores(qrow, wts.data() + i * nh, static_cast<int>(nh), ID, keys.data(), std::min(vis, Er), score.data());
+    const float* qrow = qI + i * nh * ID;
+    IndexerScores(qrow, wts + i * nh, static_cast<int>(nh), ID, keys.data(), std::min(vis, Er), score.data());
     for (int64_t j = vis; j < Er; ++j) score[j] = kNegInf;
     StableTopK(score.data(), Er, K, idx.data());
     for (int64_t t = 0; t < K; ++t) out.push_back(idx[t] < vis ? idx[t] : -1);
@@ -664,6 +762,7 @@ void Pass::Indexer(int l, int s, const float* x, const float* qr, std::vector<st
 // without ε, × route_scale; routed experts summed in increasing id in FP32,
 // then the shared expert; BF16.
 void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
+  RegionScope region(Region::kMoe);
   const FfnW& F = w_.blocks[l].ffn;
   const int64_t n = R_, d = c_.dim, I = c_.moe_inter_dim;
   const int k = c_.n_activated_experts, E = c_.n_routed_experts;
@@ -671,6 +770,7 @@ void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
   std::vector<int32_t>& idx = Zeroed(ws_.moe_idx, n * k);
   std::vector<float>& wts = Zeroed(ws_.moe_w, n * k);
   std::vector<float>& logits = Zeroed(ws_.moe_logits, n * E);
+  std::optional<RegionScope> router(std::in_place, Region::kRouter);
   cpu::LinearF32Bf16W(x, n, F.gate.packed, logits.data());
   std::vector<float>& s = Zeroed(ws_.moe_s, E);
   std::vector<float>& sel = Zeroed(ws_.moe_sel, E);
@@ -700,54 +800,107 @@ void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
     const float denom = ref::TorchSum(wr, k);
     for (int t = 0; t < k; ++t) wr[t] = wr[t] / denom * c_.route_scale;
   }
+  router.reset();
+  // SwiGLU expert on m rows: out = w2(bf16(rw · silu(min(w1 x, lim)) · clamp(w3 x, ±lim))).
+  // Scratch per thread: the experts run in parallel below.
   auto swiglu = [&](const float* xin, int64_t m, const float* rw, auto lin1, auto lin3, auto lin2, float* out) {
-    std::vector<float>& gt = Zeroed(ws_.moe_gt, m * I);
-    std::vector<float>& up = Zeroed(ws_.moe_up, m * I);
+    std::vector<float>& gt = Zeroed(tl_moe.gt, m * I);
+    std::vector<float>& up = Zeroed(tl_moe.up, m * I);
     lin1(xin, m, gt.data());
     lin3(xin, m, up.data());
+    // silu(g)·u as ref::TorchSilu: g / (1 + SleefExpf(−g)), the exps of the
+    // whole block by cpu::SleefExpfRow (bit-identical to ref::SleefExpf).
+    float* e = Zeroed(tl_moe.e, m * I).data();
     for (int64_t i = 0; i < m * I; ++i) {
       float u = up[i], g = gt[i];
       if (lim > 0) {
         u = std::min(std::max(u, -lim), lim);
         g = std::min(g, lim);
       }
-      float a = ref::TorchSilu(g) * u;
+      up[i] = u;
+      gt[i] = g;
+      e[i] = -g;
+    }
+    cpu::SleefExpfRow(e, m * I, e);
+    for (int64_t i = 0; i < m * I; ++i) {
+      float a = (gt[i] / (1.0f + e[i])) * up[i];
       if (rw) a = rw[i / I] * a;
       gt[i] = RoundBf16(a);
     }
     lin2(gt.data(), m, out);
   };
-  std::vector<float>& y = Zeroed(ws_.moe_y, n * d);
+  // Expert e's rows (ascending row, then route slot), with their route
+  // weights: rows[beg[e] .. beg[e+1]) — a stable counting sort of the routes.
+  std::vector<int64_t>& beg = ws_.moe_beg;
   std::vector<int64_t>& rows = ws_.moe_rows;
   std::vector<float>& rw = ws_.moe_rw;
-  ReserveInSteps(rows, n * k, 1);
-  ReserveInSteps(rw, n * k, 1);
-  for (int e = 0; e < E; ++e) {
-    rows.clear();
-    rw.clear();
+  std::vector<int32_t>& active = ws_.moe_active;
+  Zeroed(beg, E + 1);
+  for (int64_t i = 0; i < n * k; ++i) ++beg[idx[i] + 1];
+  for (int e = 0; e < E; ++e) beg[e + 1] += beg[e];
+  Zeroed(rows, n * k);
+  Zeroed(rw, n * k);
+  {
+    std::vector<int64_t>& fill = Zeroed(ws_.moe_fill, E);
     for (int64_t m = 0; m < n; ++m)
-      for (int t = 0; t < k; ++t)
-        if (idx[m * k + t] == e) {
-          rows.push_back(m);
-          rw.push_back(wts[m * k + t]);
-        }
-    if (rows.empty()) continue;
-    const int64_t mm = static_cast<int64_t>(rows.size());
-    std::vector<float>& xin = Zeroed(ws_.moe_xin, mm * d);
-    std::vector<float>& out = Zeroed(ws_.moe_out, mm * d);
-    for (int64_t i = 0; i < mm; ++i) std::memcpy(xin.data() + i * d, x + rows[i] * d, d * sizeof(float));
-    swiglu(
-        xin.data(), mm, rw.data(), [&](const float* a, int64_t M, float* o) { LinearFp4(a, M, F.w1[e], o); },
-        [&](const float* a, int64_t M, float* o) { LinearFp4(a, M, F.w3[e], o); },
-        [&](const float* a, int64_t M, float* o) { LinearFp4(a, M, F.w2[e], o); }, out.data());
-    for (int64_t i = 0; i < mm; ++i)
-      for (int64_t c = 0; c < d; ++c) y[rows[i] * d + c] += out[i * d + c];
+      for (int t = 0; t < k; ++t) {
+        const int e = idx[m * k + t];
+        const int64_t at = beg[e] + fill[e]++;
+        rows[at] = m;
+        rw[at] = wts[m * k + t];
+      }
   }
+  active.clear();
+  ReserveInSteps(active, E, E);
+  for (int e = 0; e < E; ++e)
+    if (beg[e + 1] > beg[e]) active.push_back(e);
+  // Every routed expert's output rows [n·k, d] in the same order, then the
+  // shared expert's [n, d]. The experts run in parallel (one per thread, each
+  // on its own rows; the linears inside stay on that thread); on a few rows
+  // the shared expert is one more task (first: the largest), on many rows it
+  // runs after them with its linears split over the team.
+  std::vector<float>& out = Zeroed(ws_.moe_out, n * k * d);
   std::vector<float>& sh = Zeroed(ws_.moe_sh, n * d);
-  swiglu(
-      x, n, nullptr, [&](const float* a, int64_t M, float* o) { LinearFp8(a, M, F.s1, o); },
-      [&](const float* a, int64_t M, float* o) { LinearFp8(a, M, F.s3, o); },
-      [&](const float* a, int64_t M, float* o) { LinearFp8(a, M, F.s2, o); }, sh.data());
+  auto shared = [&] {
+    swiglu(
+        x, n, nullptr, [&](const float* a, int64_t M, float* o) { LinearFp8(a, M, F.s1, o); },
+        [&](const float* a, int64_t M, float* o) { LinearFp8(a, M, F.s3, o); },
+        [&](const float* a, int64_t M, float* o) { LinearFp8(a, M, F.s2, o); }, sh.data());
+  };
+  auto routed = [&](int e) {
+    const int64_t mm = beg[e + 1] - beg[e];
+    std::vector<float>& xin = Zeroed(tl_moe.xin, mm * d);
+    for (int64_t i = 0; i < mm; ++i) std::memcpy(xin.data() + i * d, x + rows[beg[e] + i] * d, d * sizeof(float));
+    swiglu(
+        xin.data(), mm, rw.data() + beg[e], [&](const float* a, int64_t M, float* o) { LinearFp4(a, M, F.w1[e], o); },
+        [&](const float* a, int64_t M, float* o) { LinearFp4(a, M, F.w3[e], o); },
+        [&](const float* a, int64_t M, float* o) { LinearFp4(a, M, F.w2[e], o); }, out.data() + beg[e] * d);
+  };
+  const bool shared_task = n <= kSharedExpertTaskRows;
+  const int64_t tasks = static_cast<int64_t>(active.size()) + (shared_task ? 1 : 0);
+  // Every thread first sizes its scratch for any task of this call (up to
+  // max(n, 8) rows of width d or I), so which thread takes which task (dynamic)
+  // never makes a later step allocate.
+  const int64_t res_rows = std::max<int64_t>(n, kSharedExpertTaskRows), res_k = std::max(d, I);
+#pragma omp parallel if(tasks > 1)
+  {
+    tl_moe.Reserve(res_rows, d, I);
+    ReserveLinearScratch(res_rows, res_k);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      if (shared_task && t == 0) shared();
+      else routed(active[t - (shared_task ? 1 : 0)]);
+    }
+  }
+  if (!shared_task) shared();
+  // Routed experts summed in increasing id (each expert's rows in order), FP32; + shared; BF16.
+  std::vector<float>& y = Zeroed(ws_.moe_y, n * d);
+  for (int e : active)
+    for (int64_t i = beg[e]; i < beg[e + 1]; ++i) {
+      float* yr = y.data() + rows[i] * d;
+      const float* orow = out.data() + i * d;
+      for (int64_t c = 0; c < d; ++c) yr[c] += orow[c];
+    }
   for (int64_t i = 0; i < n * d; ++i) v[i] = RoundBf16(y[i] + sh[i]);
   if (dbg) {
     const int64_t T0 = info_[0].T;
@@ -759,6 +912,7 @@ void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
 // ParallelHead.forward: hc_head (σ by torch.sigmoid), norm, FP32 head, for the
 // rows that return logits (backend.h LogitsRows order).
 void Pass::Head(const float* X, const HcHeadW& hh, const std::vector<uint16_t>& norm, std::vector<float>* out) {
+  RegionScope region(Region::kHead);
   const int hc = c_.hc_mult;
   const int64_t d = c_.dim, flat = hc * d, V = c_.vocab_size;
   auto first_row = [](const V4Seq& q) { return q.all_logits ? 0 : q.want_logits ? q.len - 1 : q.len; };
@@ -767,11 +921,13 @@ void Pass::Head(const float* X, const HcHeadW& hh, const std::vector<uint16_t>& 
   out->resize(static_cast<size_t>(m * V));  // every row is written below
   std::vector<float>& sq = Zeroed(ws_.head_sq, flat);
   std::vector<float>& pre = Zeroed(ws_.head_pre, hc);
-  std::vector<float>& y = Zeroed(ws_.head_y, d);
+  std::vector<float>& y = Zeroed(ws_.head_y, m * d);
+  // Per row the collapse and the norm into y; then one head call over all m
+  // rows (each output row depends only on its own input row).
   int64_t row = 0;
   for (size_t s = 0; s < seqs_.size(); ++s) {
     const V4Seq& q = seqs_[s];
-    for (int64_t i = first_row(q); i < q.len; ++i) {
+    for (int64_t i = first_row(q); i < q.len; ++i, ++row) {
       const float* f = X + (info_[s].row0 + i) * flat;
       for (int64_t t = 0; t < flat; ++t) sq[t] = f[t] * f[t];
       const float rsq = 1.0f / std::sqrt(ref::TorchSum(sq.data(), flat) / static_cast<float>(flat) + c_.norm_eps);
@@ -783,11 +939,12 @@ void Pass::Head(const float* X, const HcHeadW& hh, const std::vector<uint16_t>& 
         const float mix = acc * rsq;
         pre[j] = ref::TorchSigmoid(mix * hh.scale[0] + hh.base[j], j < vec) + c_.hc_eps;
       }
-      ref::HcCollapse(f, pre.data(), 1, hc, d, y.data());
-      ref::RmsNorm(y.data(), 1, d, norm.data(), c_.norm_eps, y.data());
-      cpu::LinearF32Bf16W(y.data(), 1, w_.head.packed, out->data() + row++ * V);
+      float* yr = y.data() + row * d;
+      ref::HcCollapse(f, pre.data(), 1, hc, d, yr);
+      ref::RmsNorm(yr, 1, d, norm.data(), c_.norm_eps, yr);
     }
   }
+  if (m > 0) cpu::LinearF32Bf16W(y.data(), m, w_.head.packed, out->data());
 }
 
 // ---------------------------------------------------------------------------

@@ -7,6 +7,8 @@
 #include <numeric>
 #include <vector>
 
+#include <omp.h>
+
 #include "format/numerics.h"
 #include "kernels/ref/ref_math.h"
 
@@ -33,7 +35,7 @@ T* Scratch(std::vector<T>& v, int64_t n) {
 
 void LinearFp8Ref(const float* x, int64_t M, const Fp8Weight& w, float* y) {
   const int64_t K = w.in, N = w.out, nkb = K / kActBlock;
-#pragma omp parallel if(M * N * K > kParallelWork)
+#pragma omp parallel if(M * N * K > kParallelWork && !omp_in_parallel())
   {
     std::vector<uint8_t> q(K), sa(nkb);
     std::vector<double> qd(K);
@@ -58,7 +60,7 @@ void LinearFp8Ref(const float* x, int64_t M, const Fp8Weight& w, float* y) {
 
 void LinearFp4Ref(const float* x, int64_t M, const Fp4Weight& w, float* y) {
   const int64_t K = w.in, N = w.out, nkb = K / kActBlock, ng = K / 32;
-#pragma omp parallel if(M * N * K > kParallelWork)
+#pragma omp parallel if(M * N * K > kParallelWork && !omp_in_parallel())
   {
     std::vector<uint8_t> q(K), sa(nkb);
     std::vector<double> qd(K);
@@ -142,7 +144,7 @@ void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, float* y) {
   QuantizeRows(x, M, K, &qd, &sa);
   const double* qdp = qd.data();  // the calling thread's scratch (qd and sa name each thread's own in the region)
   const float* sap = sa.data();
-#pragma omp parallel if(M * N * K > kParallelWork)
+#pragma omp parallel if(M * N * K > kParallelWork && !omp_in_parallel())
   {
     thread_local std::vector<double> wd_tl;
     thread_local std::vector<float> sw_tl;
@@ -174,7 +176,7 @@ void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, float* y) {
   QuantizeRows(x, M, K, &qd, &sa);
   const double* qdp = qd.data();  // the calling thread's scratch (qd and sa name each thread's own in the region)
   const float* sap = sa.data();
-#pragma omp parallel if(M * N * K > kParallelWork)
+#pragma omp parallel if(M * N * K > kParallelWork && !omp_in_parallel())
   {
     thread_local std::vector<double> wd_tl;
     thread_local std::vector<float> sw_tl;
@@ -258,11 +260,63 @@ void SparseAttentionRef(const float* q, int H, int64_t D, const uint16_t* const*
   }
 }
 
+namespace {
+// The kernel part of hc_split_sinkhorn for one row, from its mixes m·ρ
+// (mixes [mix], overwritten): pre [hc], post [hc], comb [hc, hc]; rs, cs [hc] scratch.
+void HcSplitRow(float* mixes, int hc, const float* base, const float* scale, int sinkhorn_iters, float hc_eps,
+                float* pr, float* po, float* c, float* rs, float* cs) {
+  auto sigmoid = [](float v) { return 1.0f / (1.0f + Exp32(-v)); };
+  for (int j = 0; j < hc; ++j) {
+    pr[j] = sigmoid(mixes[j] * scale[0] + base[j]) + hc_eps;
+    po[j] = 2.0f * sigmoid(mixes[hc + j] * scale[1] + base[hc + j]);
+  }
+  for (int j = 0; j < hc * hc; ++j) c[j] = mixes[2 * hc + j] * scale[2] + base[2 * hc + j];
+  for (int j = 0; j < hc; ++j) {
+    float mx = c[j * hc];
+    for (int k = 1; k < hc; ++k) mx = std::max(mx, c[j * hc + k]);
+    for (int k = 0; k < hc; ++k) c[j * hc + k] = Exp32(c[j * hc + k] - mx);
+  }
+  auto row_sums = [&]() {
+    for (int j = 0; j < hc; ++j) {
+      float a = c[j * hc];
+      for (int k = 1; k < hc; ++k) a = a + c[j * hc + k];
+      rs[j] = a;
+    }
+  };
+  auto col_sums = [&]() {
+    for (int k = 0; k < hc; ++k) {
+      float a = c[k];
+      for (int j = 1; j < hc; ++j) a = a + c[j * hc + k];
+      cs[k] = a;
+    }
+  };
+  row_sums();
+  for (int j = 0; j < hc; ++j)
+    for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / rs[j] + hc_eps;
+  col_sums();
+  for (int j = 0; j < hc; ++j)
+    for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
+  for (int it = 0; it < sinkhorn_iters - 1; ++it) {
+    row_sums();
+    for (int j = 0; j < hc; ++j)
+      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (rs[j] + hc_eps);
+    col_sums();
+    for (int j = 0; j < hc; ++j)
+      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
+  }
+}
+
+// ρ of one row: 1/sqrt(mean(f²) + eps), torch's sum order; sq [flat] scratch.
+float HcRsq(const float* f, int64_t flat, float norm_eps, float* sq) {
+  for (int64_t i = 0; i < flat; ++i) sq[i] = f[i] * f[i];
+  return 1.0f / std::sqrt(ref::TorchSum(sq, flat) / static_cast<float>(flat) + norm_eps);
+}
+}  // namespace
+
 void HcMixes(const float* X, int64_t M, int hc, int64_t d, const float* fn, const float* base, const float* scale,
              float norm_eps, int sinkhorn_iters, float hc_eps, float* pre, float* post, float* comb) {
   const int64_t flat = hc * d;
   const int64_t mix = (2 + hc) * hc;
-  auto sigmoid = [](float v) { return 1.0f / (1.0f + Exp32(-v)); };
 #pragma omp parallel if(M * mix * flat > kParallelWork)
   {
     thread_local std::vector<float> sq_tl, mixes_tl, rs_tl, cs_tl;
@@ -273,55 +327,42 @@ void HcMixes(const float* X, int64_t M, int hc, int64_t d, const float* fn, cons
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < M; ++r) {
       const float* f = X + r * flat;
-      for (int64_t i = 0; i < flat; ++i) sq[i] = f[i] * f[i];
-      const float rsq = 1.0f / std::sqrt(ref::TorchSum(sq, flat) / static_cast<float>(flat) + norm_eps);
+      const float rsq = HcRsq(f, flat, norm_eps, sq);
       for (int64_t j = 0; j < mix; ++j) {
         const float* w = fn + j * flat;
         float acc = 0.0f;
         for (int64_t i = 0; i < flat; ++i) acc += f[i] * w[i];
         mixes[j] = acc * rsq;
       }
-      float* pr = pre + r * hc;
-      float* po = post + r * hc;
-      for (int j = 0; j < hc; ++j) {
-        pr[j] = sigmoid(mixes[j] * scale[0] + base[j]) + hc_eps;
-        po[j] = 2.0f * sigmoid(mixes[hc + j] * scale[1] + base[hc + j]);
-      }
-      float* c = comb + r * hc * hc;
-      for (int j = 0; j < hc * hc; ++j) c[j] = mixes[2 * hc + j] * scale[2] + base[2 * hc + j];
-      for (int j = 0; j < hc; ++j) {
-        float mx = c[j * hc];
-        for (int k = 1; k < hc; ++k) mx = std::max(mx, c[j * hc + k]);
-        for (int k = 0; k < hc; ++k) c[j * hc + k] = Exp32(c[j * hc + k] - mx);
-      }
-      auto row_sums = [&]() {
-        for (int j = 0; j < hc; ++j) {
-          float a = c[j * hc];
-          for (int k = 1; k < hc; ++k) a = a + c[j * hc + k];
-          rs[j] = a;
-        }
-      };
-      auto col_sums = [&]() {
-        for (int k = 0; k < hc; ++k) {
-          float a = c[k];
-          for (int j = 1; j < hc; ++j) a = a + c[j * hc + k];
-          cs[k] = a;
-        }
-      };
-      row_sums();
-      for (int j = 0; j < hc; ++j)
-        for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / rs[j] + hc_eps;
-      col_sums();
-      for (int j = 0; j < hc; ++j)
-        for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
-      for (int it = 0; it < sinkhorn_iters - 1; ++it) {
-        row_sums();
-        for (int j = 0; j < hc; ++j)
-          for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (rs[j] + hc_eps);
-        col_sums();
-        for (int j = 0; j < hc; ++j)
-          for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
-      }
+      HcSplitRow(mixes, hc, base, scale, sinkhorn_iters, hc_eps, pre + r * hc, post + r * hc, comb + r * hc * hc, rs,
+                 cs);
+    }
+  }
+}
+
+void HcMixes(const float* X, int64_t M, int hc, int64_t d, const cpu::PackedF32& fn, const float* base,
+             const float* scale, float norm_eps, int sinkhorn_iters, float hc_eps, float* pre, float* post,
+             float* comb) {
+  const int64_t flat = hc * d;
+  const int64_t mix = (2 + hc) * hc;
+  // The M·mix dot products: cpu::LinearF32 forms each as the loop above does
+  // (acc = 0; acc += f[i]·w[i] in increasing i, multiply then add).
+  thread_local std::vector<float> dots_tl;
+  float* dots = Scratch(dots_tl, M * mix);
+  cpu::LinearF32(X, M, fn, dots);
+#pragma omp parallel if(M * flat > kParallelWork)
+  {
+    thread_local std::vector<float> sq_tl, mixes_tl, rs_tl, cs_tl;
+    float* sq = Scratch(sq_tl, flat);
+    float* mixes = Scratch(mixes_tl, mix);
+    float* rs = Scratch(rs_tl, hc);
+    float* cs = Scratch(cs_tl, hc);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < M; ++r) {
+      const float rsq = HcRsq(X + r * flat, flat, norm_eps, sq);
+      for (int64_t j = 0; j < mix; ++j) mixes[j] = dots[r * mix + j] * rsq;
+      HcSplitRow(mixes, hc, base, scale, sinkhorn_iters, hc_eps, pre + r * hc, post + r * hc, comb + r * hc * hc, rs,
+                 cs);
     }
   }
 }

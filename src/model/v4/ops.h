@@ -83,6 +83,12 @@ struct PackedFp4Weight {
 PackedFp4Weight PackFp4Weight(const Fp4Weight& w);
 void LinearFp4(const float* x, int64_t M, const PackedFp4Weight& w, float* y);
 
+// Makes the calling thread's activation scratch of the packed linears above
+// hold M rows of K (it only grows): a parallel region whose threads take
+// differently sized tasks calls it on every thread first, so no thread
+// allocates in a later step (model/v4/workspace.h).
+void ReserveLinearScratch(int64_t M, int64_t K);
+
 // Correctly rounded FP32 exp (double exp, one rounding).
 float Exp32(float x);
 
@@ -105,6 +111,12 @@ void SparseAttentionRef(const float* q, int H, int64_t D, const uint16_t* const*
 // pre [M, hc], post [M, hc], comb [M, hc, hc] (comb[j][k]: source j, target k).
 void HcMixes(const float* X, int64_t M, int hc, int64_t d, const float* fn, const float* base, const float* scale,
              float norm_eps, int sinkhorn_iters, float hc_eps, float* pre, float* post, float* comb);
+// The same with F repacked (cpu::PackF32(fn, (2+hc)·hc, hc·d)): the M·mix dot
+// products by cpu::LinearF32 (the same sequential FP32 sums, vectorised across
+// outputs), the rest as above; bit-identical to it.
+void HcMixes(const float* X, int64_t M, int hc, int64_t d, const cpu::PackedF32& fn, const float* base,
+             const float* scale, float norm_eps, int sinkhorn_iters, float hc_eps, float* pre, float* post,
+             float* comb);
 
 // fast_hadamard_transform of one BF16 row of n (power of two) values, ×scale, BF16, in place.
 // HadamardRef is the scalar oracle; Hadamard the Highway form (ops_hwy.cc),

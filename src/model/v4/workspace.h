@@ -54,34 +54,39 @@ struct StepWorkspace {
   // the collapsed, normed row x [R, d]; the sublayer output v [R, d]; the
   // expanded streams X2 [R, hc, d].
   std::vector<float> pre, post, comb, x, v, X2;
-  // Attention: q_norm(wq_a(x)) qr [R, q_lora_rank]; q [R, H·D]; the squares of
-  // one head qsq [D]; window K kv [R, D] and its BF16 kvb; one sequence's
-  // ring rows ring [window, D] and compressed entries ckv [E, D] (BF16); one
-  // row's candidate list rows [window + max(index_topk, E)]; the C4
-  // selections sel [R][≤ index_topk] (−1 absent); the attention output o
-  // [R, H·D]; wo_a's output z [R, o_groups·o_lora_rank].
-  std::vector<float> qr, q, qsq, kv, o, z;
+  // Attention: q_norm(wq_a(x)) qr [R, q_lora_rank]; q [R, H·D]; window K kv
+  // [R, D] and its BF16 kvb (one row's squares and candidate list are per
+  // thread: rows run in parallel); every sequence's ring rows ring [S, window, D] and compressed entries
+  // ckv (sequence s's from row ckv_off[s]) (BF16); the C4 selections sel
+  // [R][≤ index_topk] (−1 absent); the attention output o [R, H·D]; wo_a's
+  // output z [R, o_groups·o_lora_rank].
+  std::vector<float> qr, q, kv, o, z;
   std::vector<uint16_t> kvb, ring, ckv;
-  std::vector<const uint16_t*> rows;
+  std::vector<int64_t> ckv_off;
   std::vector<std::vector<int64_t>> sel;
-  // Compressor (one sequence at a time): x·wkvᵀ a and x·wgateᵀ g [n, coff·hd];
-  // the carry's kv and score slots [coff·r, coff·hd]; one channel's softmax
-  // e and products prod [coff·r]; the pooled entry ent [hd].
+  // Compressor: x·wkvᵀ a and x·wgateᵀ g of all R rows [R, coff·hd] (the
+  // attention's; the indexer's in idx_cmp_a, idx_cmp_g); one sequence at a
+  // time: the carry's kv and score slots [coff·r, coff·hd]; one channel's
+  // softmax e and products prod [coff·r]; the pooled entry ent [hd].
   std::vector<float> cmp_a, cmp_g, cmp_kvs, cmp_scs, cmp_e, cmp_prod, cmp_ent;
-  // Indexer (one sequence at a time): queries q [n, index_n_heads·index_head_dim];
-  // head weights w [n, index_n_heads]; keys [E, index_head_dim] (FP32 of the
+  // Indexer: queries q [R, index_n_heads·index_head_dim] and head weights w
+  // [R, index_n_heads] of all rows; its compressor's projections idx_cmp_a,
+  // idx_cmp_g; one sequence at a time: keys [E, index_head_dim] (FP32 of the
   // BF16 rows kb [index_head_dim]); one row's scores [E] and top-k ids [≤ index_topk].
-  std::vector<float> idx_q, idx_w, idx_keys, idx_score;
+  std::vector<float> idx_q, idx_w, idx_cmp_a, idx_cmp_g, idx_keys, idx_score;
   std::vector<uint16_t> idx_kb;
   std::vector<int64_t> idx_top;
   // MoE: routes idx and weights w [R, k]; gate logits [R, n_routed_experts];
-  // one row's scores s, sel [n_routed_experts] and top [k]; the routed sum y
-  // and shared expert sh [R, d]; one expert's rows [m], route weights rw [m],
-  // inputs xin and outputs out [m, d]; the SwiGLU halves gt, up [≤ R, I].
-  std::vector<int32_t> moe_idx;
-  std::vector<float> moe_w, moe_logits, moe_s, moe_sel, moe_y, moe_sh, moe_rw, moe_xin, moe_out, moe_gt, moe_up;
-  std::vector<int64_t> moe_top, moe_rows;
-  // Head (one logits row at a time): the squares sq [hc·d], pre [hc], the normed row y [d].
+  // one row's scores s, sel [n_routed_experts] and top [k]; the routes sorted
+  // by expert (expert e's rows rows[beg[e] .. beg[e+1]) and route weights rw
+  // [R·k], fill [n_routed_experts] the counting sort's cursors), the experts
+  // with rows (active); every route's expert output out [R·k, d]; the routed
+  // sum y and shared expert sh [R, d]. (An expert's inputs and SwiGLU halves
+  // are per thread: the experts run in parallel.)
+  std::vector<int32_t> moe_idx, moe_active;
+  std::vector<float> moe_w, moe_logits, moe_s, moe_sel, moe_y, moe_sh, moe_rw, moe_out;
+  std::vector<int64_t> moe_top, moe_rows, moe_beg, moe_fill;
+  // Head: one row's squares sq [hc·d] and pre [hc]; the normed rows y [m, d].
   std::vector<float> head_sq, head_pre, head_y;
 };
 
