@@ -47,6 +47,10 @@ struct QArgs {
   int64_t ldq = 0;                // row stride of q (elements)
   const float* sa = nullptr;      // activation scales [M, K/ab]
   const uint32_t* qp = nullptr;   // FP4, few rows: q as BF16 pairs (bf16_dot.h), or null
+  // FP4 GEMV on AVX2: the product tables of activation row pt_row
+  // (linear_fp4.cc BuildFp4ProductTables: 32 bytes per column), or null.
+  const uint8_t* pt = nullptr;
+  int64_t pt_row = -1;
   float* y = nullptr;             // output [M, ldy]
   int64_t ldy = 0;
   // BF16 linears
@@ -144,6 +148,7 @@ inline BlockScratch& ThreadBlockScratch() {
 struct ActBuffers {
   std::vector<float> q, sa;
   std::vector<uint32_t> qp;  // bf16_dot.h PackActPairs
+  std::vector<uint8_t> pt;   // linear_fp4.cc BuildFp4ProductTables (AVX2)
   void Resize(int64_t nq, int64_t nsa) {
     if (static_cast<int64_t>(q.size()) < nq) q.resize(nq);
     if (static_cast<int64_t>(sa.size()) < nsa) sa.resize(nsa);
