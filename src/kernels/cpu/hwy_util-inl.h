@@ -96,12 +96,14 @@ HWY_INLINE void WithVMT(int vt, int rem, F&& f) {
 template <int V, int MT, typename Micro>
 HWY_INLINE void RunItems(const QArgs& a, int64_t item0, int64_t item1, Micro&& micro) {
   static_assert(kTileRows % kSliceRows == 0, "a slice lies in one tile");
+  constexpr int64_t kRows = V * static_cast<int64_t>(kLanes);  // rows of one micro column
+  static_assert(kTileRows % kRows == 0, "micro columns must divide the tile");
   if (a.slices > 0) {
     for (int64_t s = item0; s < item1; ++s) {
       const int64_t r0 = s * kSliceRows, tile = r0 / kTileRows;
       const int64_t slice_rows = std::min<int64_t>(kSliceRows, a.N - r0);
-      for (int64_t sub = 0; sub < slice_rows; sub += kMicroRows) {
-        const int64_t roff = r0 % kTileRows + sub, rows_here = std::min<int64_t>(kMicroRows, slice_rows - sub);
+      for (int64_t sub = 0; sub < slice_rows; sub += kRows) {
+        const int64_t roff = r0 % kTileRows + sub, rows_here = std::min<int64_t>(kRows, slice_rows - sub);
         const int vt = static_cast<int>((rows_here + static_cast<int64_t>(kLanes) - 1) / static_cast<int64_t>(kLanes));
         for (int64_t m0 = 0; m0 < a.M; m0 += MT) {
           const int rem = static_cast<int>(std::min<int64_t>(MT, a.M - m0));
@@ -115,8 +117,8 @@ HWY_INLINE void RunItems(const QArgs& a, int64_t item0, int64_t item1, Micro&& m
     const int64_t tile = it / a.mchunks, mc = it % a.mchunks;
     const int64_t m_begin = mc * a.mchunk, m_end = std::min(a.M, m_begin + a.mchunk);
     const int64_t rows_left = a.N - tile * kTileRows;
-    for (int64_t roff = 0; roff < kTileRows && roff < rows_left; roff += kMicroRows) {
-      const int64_t rows_here = std::min<int64_t>(kMicroRows, rows_left - roff);
+    for (int64_t roff = 0; roff < kTileRows && roff < rows_left; roff += kRows) {
+      const int64_t rows_here = std::min<int64_t>(kRows, rows_left - roff);
       const int vt = static_cast<int>((rows_here + static_cast<int64_t>(kLanes) - 1) / static_cast<int64_t>(kLanes));
       for (int64_t m0 = m_begin; m0 < m_end; m0 += MT) {
         const int rem = static_cast<int>(std::min<int64_t>(MT, m_end - m0));
