@@ -440,7 +440,11 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
   // even with one row) the team would be nested, and libgomp starts its
   // threads anew on every call (large preset decode: the step's attention 6x
   // slower than on one thread, and a heap allocation per thread and call).
-  const bool par = static_cast<int64_t>(n) * D * H >= (int64_t{1} << 20) && omp_get_level() == 0;
+  // From 2^16 (was 2^20): a batch-1 decode step with a short context (the
+  // `large` preset, 64-token prompt: n ~ 80) splits its heads too; measured
+  // bench e2e --threads 2, batch 1: attention_core 11% -> 5% of the step on
+  // AVX2, the step 32.5 -> 31.4 ms (a fork/join costs ~3 us on this VM).
+  const bool par = static_cast<int64_t>(n) * D * H >= (int64_t{1} << 16) && omp_get_level() == 0;
 #pragma omp parallel if (par)
   {
     thread_local GrowBuf kb_buf;  // each thread's widened score block
