@@ -106,10 +106,13 @@ struct PackedBf16 {
   size_t bytes() const;
 };
 
-// FP32 weight [out, in] repacked like PackedBf16 (the mHC `hc_*_fn`).
+// FP32 weight [out, in] repacked like PackedBf16 (the mHC `hc_*_fn`), with
+// `rows` rows per tile: 64, or 16 / 32 for out <= 16 / 32 (one tile), so a
+// small weight (the mHC mixes: out = 24) streams no padding rows.
 struct PackedF32 {
   int64_t out = 0, in = 0;
   int64_t tiles = 0;
+  int64_t rows = 64;
   AlignedArray<float> w;
   size_t bytes() const;
 };

@@ -35,11 +35,13 @@ HWY_INLINE VF LoadW(const uint16_t* p) {
 
 // One k of the micro-tile (an always-inlined function, not a lambda: with
 // the FMA variants g++ stopped inlining a lambda here and spilled the sums).
+// R: rows per packed tile (kTileRows; a small PackedF32: 16 or 32).
 template <typename WT, bool kFma, int V, int MT>
-HWY_INLINE void Bf16Step(VF (&acc)[MT][V], const WT* wt, int64_t roff, const float* xr, int64_t ldq, int64_t k) {
+HWY_INLINE void Bf16Step(VF (&acc)[MT][V], const WT* wt, int64_t R, int64_t roff, const float* xr, int64_t ldq,
+                         int64_t k) {
   const DF df;
   constexpr int64_t kPf = kPrefetchBytes / static_cast<int64_t>(sizeof(WT));
-  const WT* wk = wt + k * kTileRows + roff;
+  const WT* wk = wt + k * R + roff;
   hwy::Prefetch(wk + kPf);
   if constexpr (sizeof(WT) * kTileRows > 64) hwy::Prefetch(wk + kPf + 64 / sizeof(WT));
   HWY_UNROLL(8)
@@ -59,7 +61,8 @@ HWY_INLINE void Bf16Step(VF (&acc)[MT][V], const WT* wt, int64_t roff, const flo
 // kFma: every product exact (linear_common.h Bf16FmaExact), so an FMA gives
 // the multiply-then-add bits.
 template <typename WT, bool kFma, int V, int MT>
-HWY_INLINE void Bf16Micro(const QArgs& a, const WT* wt, const float* x, int64_t roff, int64_t m0, int64_t n0) {
+HWY_INLINE void Bf16Micro(const QArgs& a, const WT* wt, int64_t R, const float* x, int64_t roff, int64_t m0,
+                          int64_t n0) {
   const DF df;
   VF acc[MT][V];
   HWY_UNROLL(8)
@@ -70,14 +73,14 @@ HWY_INLINE void Bf16Micro(const QArgs& a, const WT* wt, const float* x, int64_t 
   const float* xr = x + m0 * a.ldq;
   const int64_t K = a.K;
   if (!a.pairs) {
-    for (int64_t k = 0; k < K; ++k) Bf16Step<WT, kFma, V, MT>(acc, wt, roff, xr, a.ldq, k);
+    for (int64_t k = 0; k < K; ++k) Bf16Step<WT, kFma, V, MT>(acc, wt, R, roff, xr, a.ldq, k);
   } else {
     int64_t k = 0;
     for (; k + 1 < K; k += 2) {
-      Bf16Step<WT, kFma, V, MT>(acc, wt, roff, xr, a.ldq, k + 1);
-      Bf16Step<WT, kFma, V, MT>(acc, wt, roff, xr, a.ldq, k);
+      Bf16Step<WT, kFma, V, MT>(acc, wt, R, roff, xr, a.ldq, k + 1);
+      Bf16Step<WT, kFma, V, MT>(acc, wt, R, roff, xr, a.ldq, k);
     }
-    if (k < K) Bf16Step<WT, kFma, V, MT>(acc, wt, roff, xr, a.ldq, k);
+    if (k < K) Bf16Step<WT, kFma, V, MT>(acc, wt, R, roff, xr, a.ldq, k);
   }
   HWY_ALIGN float out[MT][V * kLanes];
   for (int m = 0; m < MT; ++m)
@@ -92,11 +95,15 @@ void RunBf16Items(const QArgs& a, int64_t item0, int64_t item1) {
     const float* x = aa.q;
     if (aa.group_rows > 0) x += ((tile * kTileRows) / aa.group_rows) * aa.group_in;
     if (aa.wf != nullptr) {
-      Bf16Micro<float, false, kV, kMT>(aa, aa.wf + tile * aa.K * kTileRows, x, roff, m0, tile * kTileRows);
+      // A narrow pack (wf_rows < kTileRows) has one tile: tile == 0 here.
+      Bf16Micro<float, false, kV, kMT>(aa, aa.wf + tile * aa.K * aa.wf_rows, aa.wf_rows, x, roff, m0,
+                                       tile * kTileRows);
     } else if (aa.fma) {
-      Bf16Micro<uint16_t, true, kV, kMT>(aa, aa.wb + tile * aa.K * kTileRows, x, roff, m0, tile * kTileRows);
+      Bf16Micro<uint16_t, true, kV, kMT>(aa, aa.wb + tile * aa.K * kTileRows, kTileRows, x, roff, m0,
+                                         tile * kTileRows);
     } else {
-      Bf16Micro<uint16_t, false, kV, kMT>(aa, aa.wb + tile * aa.K * kTileRows, x, roff, m0, tile * kTileRows);
+      Bf16Micro<uint16_t, false, kV, kMT>(aa, aa.wb + tile * aa.K * kTileRows, kTileRows, x, roff, m0,
+                                          tile * kTileRows);
     }
   });
 }
@@ -151,6 +158,8 @@ void LinearF32(const float* x, int64_t M, const PackedF32& w, float* y) {
   a.M = M;
   a.tiles = w.tiles;
   a.wf = w.w.get();
+  a.wf_rows = w.rows;
+  a.no_slices = w.rows < kTileRows;
   a.q = x;
   a.ldq = w.in;
   a.y = y;

@@ -41,6 +41,8 @@ struct QArgs {
   const uint8_t* w = nullptr;     // FP8 codes / FP4 nibbles
   const uint16_t* wb = nullptr;   // BF16 weights
   const float* wf = nullptr;      // FP32 weights (LinearF32)
+  int64_t wf_rows = 0;            // LinearF32: rows per packed tile (PackedF32::rows)
+  bool no_slices = false;         // never split rows into slices (ParallelItems)
   const float* ws = nullptr;      // FP8: per 16 rows × 32 columns scales
   const uint8_t* s = nullptr;     // FP4: UE8M0 scale bytes [tile][group][64]
   const float* q = nullptr;       // quantised activations ×256 [M, K] (or FP32 x for BF16)
@@ -172,9 +174,12 @@ inline int64_t g_min_parallel_macs = int64_t{1} << 16;
 // by exactly one item, so the split never changes a result.
 //
 // A call with fewer tiles than threads and few rows (a decode GEMV with
-// N <= 64 on 2 threads: the mHC mixes, N = 24) splits its rows into slices of
-// kSliceRows instead, one item each, so it does not run on one thread while
-// the others wait.
+// N <= 64 on 2 threads) splits its rows into slices of kSliceRows instead,
+// one item each, so it does not run on one thread while the others wait —
+// unless a.no_slices: a narrow PackedF32 (the mHC mixes, N = 24, 32 rows per
+// k) streams its dense rows faster on one thread (measured, Zen 5, 24×4096
+// from DRAM: 12.5 us on one thread, 16.5 us split into two slices, whose
+// threads both pull every cache line; 25-38 us with the 64-row padded pack).
 inline constexpr int64_t kSliceRows = 16;
 template <typename Fn>
 void ParallelItems(QArgs& a, Fn* fn) {
@@ -184,11 +189,11 @@ void ParallelItems(QArgs& a, Fn* fn) {
   int64_t items = a.tiles * a.mchunks;
   const QArgs& ca = a;
   const bool parallel = a.M * a.N * a.K >= g_min_parallel_macs;
-  if (parallel && a.M < kBlockGemmMinM && items < NumThreads()) {
+  if (parallel && a.M < kBlockGemmMinM && items < NumThreads() && !a.no_slices) {
     a.slices = (a.N + kSliceRows - 1) / kSliceRows;
     items = a.slices;
   }
-  if (!parallel) {
+  if (!parallel || items == 1) {
     fn(ca, 0, items);
   } else if (a.mchunks == 1) {
 #pragma omp parallel for schedule(static)

@@ -36,26 +36,27 @@ size_t PackedFp4::bytes() const {
   return static_cast<size_t>(tiles * kTileRows * (src.in / 2)) + static_cast<size_t>(tiles * kTileRows * (src.in / 32));
 }
 size_t PackedBf16::bytes() const { return static_cast<size_t>(tiles * kTileRows * src.in * 2); }
-size_t PackedF32::bytes() const { return static_cast<size_t>(tiles * kTileRows * in * 4); }
+size_t PackedF32::bytes() const { return static_cast<size_t>(tiles * rows * in * 4); }
 
 namespace {
 
-// dst[t][k][r] = src[(64t + r)·K + k] for elements of type T (rows >= N: 0).
+// dst[t][k][r] = src[(R·t + r)·K + k] for elements of type T (rows >= N: 0),
+// R = rows per tile (kTileRows; PackF32 of a small N: fewer).
 template <typename T>
-void Interleave(const T* src, int64_t N, int64_t K, int64_t tiles, T* dst) {
+void Interleave(const T* src, int64_t N, int64_t K, int64_t tiles, T* dst, int64_t R = kTileRows) {
   constexpr int64_t kKB = 64;  // k-block: a 64×64 transpose stays in L1
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tiles; ++t) {
-    T* d = dst + t * K * kTileRows;
+    T* d = dst + t * K * R;
     for (int64_t k0 = 0; k0 < K; k0 += kKB) {
       const int64_t k1 = std::min(K, k0 + kKB);
-      for (int64_t r = 0; r < kTileRows; ++r) {
-        const int64_t n = t * kTileRows + r;
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t n = t * R + r;
         if (n < N) {
           const T* s = src + n * K;
-          for (int64_t k = k0; k < k1; ++k) d[k * kTileRows + r] = s[k];
+          for (int64_t k = k0; k < k1; ++k) d[k * R + r] = s[k];
         } else {
-          for (int64_t k = k0; k < k1; ++k) d[k * kTileRows + r] = T(0);
+          for (int64_t k = k0; k < k1; ++k) d[k * R + r] = T(0);
         }
       }
     }
@@ -150,8 +151,9 @@ PackedF32 PackF32(const float* w, int64_t out, int64_t in) {
   p.out = out;
   p.in = in;
   p.tiles = (out + kTileRows - 1) / kTileRows;
-  p.w = AllocateAligned<float>(static_cast<size_t>(p.tiles * in * kTileRows));
-  Interleave(w, out, in, p.tiles, p.w.get());
+  p.rows = out <= 16 ? 16 : (out <= 32 ? 32 : kTileRows);
+  p.w = AllocateAligned<float>(static_cast<size_t>(p.tiles * in * p.rows));
+  Interleave(w, out, in, p.tiles, p.w.get(), p.rows);
   return p;
 }
 }  // namespace deepinfer::cpu
