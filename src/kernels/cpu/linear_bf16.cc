@@ -89,8 +89,7 @@ HWY_INLINE void Bf16Micro(const QArgs& a, const WT* wt, int64_t R, const float* 
 }
 
 void RunBf16Items(const QArgs& a, int64_t item0, int64_t item1) {
-  RunItems<kMicroV, kMicroMT>(a, item0, item1, [&](auto vt, auto mt, const QArgs& aa, int64_t tile, int64_t roff,
-                                                     int64_t m0) {
+  const auto micro = [&](auto vt, auto mt, const QArgs& aa, int64_t tile, int64_t roff, int64_t m0) {
     constexpr int kV = decltype(vt)::value, kMT = decltype(mt)::value;
     const float* x = aa.q;
     if (aa.group_rows > 0) x += ((tile * kTileRows) / aa.group_rows) * aa.group_in;
@@ -105,7 +104,17 @@ void RunBf16Items(const QArgs& a, int64_t item0, int64_t item1) {
       Bf16Micro<uint16_t, false, kV, kMT>(aa, aa.wb + tile * aa.K * kTileRows, kTileRows, x, roff, m0,
                                           tile * kTileRows);
     }
-  });
+  };
+  if constexpr (kLanes == 8) {
+    // AVX2 GEMV over BF16 weights: all 64 rows of a tile per pass, as the FP8
+    // GEMV (linear_fp8.cc): one pass reads whole 128-byte k rows instead of
+    // alternate cache lines in two passes.
+    if (a.M == 1 && a.wf == nullptr) {
+      RunItems<8, 1>(a, item0, item1, micro);
+      return;
+    }
+  }
+  RunItems<kMicroV, kMicroMT>(a, item0, item1, micro);
 }
 
 }  // namespace HWY_NAMESPACE
