@@ -523,7 +523,12 @@ void RunKernels(const KernelArgs& args) {
     }
     return t;
   };
-  auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); };  // let idle team threads sleep
+  // Lets idle threads go to sleep between the two timings: OpenMP's team, and
+  // OpenBLAS's own workers, which spin ~2^28 cycles (its default
+  // THREAD_TIMEOUT, 70-90 ms here) after an sgemm. With a 50 ms pause they still
+  // spun on both cores while the M = 32/64 calls ran (FP4 M = 64: 79 GFLOP/s
+  // measured, 460 with a quiet machine).
+  auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); };
   std::vector<json> gemm;
   const int greps = std::max(1, std::min(args.reps, 3));
   for (int64_t M : ms) {
