@@ -26,30 +26,50 @@ struct Items {
 // each expert's rows in item order); out [m, dim] in item order.
 // Scratch is the calling thread's and per worker thread (grows, never
 // shrinks: a steady-state decode step allocates nothing here).
+// The per-expert gather/scatter scratch of each thread (RunLocal).
+struct LocalScratch {
+  std::vector<float> xin, rw, o;
+};
+thread_local LocalScratch tl_local;
+
 void RunLocal(const ExpertFn& fn, int64_t dim, const Items& it, float* out) {
-  thread_local std::vector<std::vector<int64_t>> by_e_buf;
+  // Items grouped by expert (experts in increasing id, each group's items in
+  // item order) by a counting sort into flat arrays sized by it.m alone, so a
+  // step with as many items as an earlier one allocates nothing, whatever its
+  // routing.
   thread_local std::vector<int> experts_buf;
   thread_local std::vector<int32_t> sorted;
-  std::vector<std::vector<int64_t>>& by_e = by_e_buf;  // shared with the team below
-  std::vector<int>& experts = experts_buf;
+  thread_local std::vector<int64_t> order_buf, start_buf, fill;
+  std::vector<int>& experts = experts_buf;  // shared with the team below
+  std::vector<int64_t>& order = order_buf;
+  std::vector<int64_t>& start = start_buf;
   {
     sorted.assign(it.e.begin(), it.e.end());
     std::sort(sorted.begin(), sorted.end());
     sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
     experts.assign(sorted.begin(), sorted.end());
-    if (by_e.size() < experts.size()) by_e.resize(experts.size());
-    for (size_t g = 0; g < experts.size(); ++g) by_e[g].clear();
+    const size_t ng = experts.size();
+    order.resize(static_cast<size_t>(it.m));
+    start.assign(static_cast<size_t>(it.m) + 1, 0);
+    fill.assign(static_cast<size_t>(it.m) + 1, 0);
     for (int64_t i = 0; i < it.m; ++i) {
       const size_t g = static_cast<size_t>(std::lower_bound(experts.begin(), experts.end(), it.e[i]) - experts.begin());
-      by_e[g].push_back(i);
+      ++start[g + 1];
+    }
+    for (size_t g = 0; g < ng; ++g) start[g + 1] += start[g];
+    for (int64_t i = 0; i < it.m; ++i) {
+      const size_t g = static_cast<size_t>(std::lower_bound(experts.begin(), experts.end(), it.e[i]) - experts.begin());
+      order[static_cast<size_t>(start[g] + fill[g]++)] = i;
     }
   }
   const int64_t ng = static_cast<int64_t>(experts.size());
 #pragma omp parallel for schedule(dynamic, 1) if(ng > 1)
   for (int64_t g = 0; g < ng; ++g) {
-    const std::vector<int64_t>& rows = by_e[static_cast<size_t>(g)];
-    const int64_t m = static_cast<int64_t>(rows.size());
-    thread_local std::vector<float> xin, rw, o;
+    const int64_t* rows = order.data() + start[static_cast<size_t>(g)];
+    const int64_t m = start[static_cast<size_t>(g) + 1] - start[static_cast<size_t>(g)];
+    std::vector<float>& xin = tl_local.xin;
+    std::vector<float>& rw = tl_local.rw;
+    std::vector<float>& o = tl_local.o;
     xin.assign(static_cast<size_t>(m * dim), 0.0f);
     rw.assign(static_cast<size_t>(m), 0.0f);
     o.assign(static_cast<size_t>(m * dim), 0.0f);
@@ -90,6 +110,13 @@ void Count(int64_t sent, int64_t recv) {
 }
 
 }  // namespace
+
+void ReserveRoutedExpertScratch(int64_t m, int64_t dim) {
+  LocalScratch& l = tl_local;
+  if (l.xin.capacity() < static_cast<size_t>(m * dim)) l.xin.reserve(static_cast<size_t>(m * dim));
+  if (l.rw.capacity() < static_cast<size_t>(m)) l.rw.reserve(static_cast<size_t>(m));
+  if (l.o.capacity() < static_cast<size_t>(m * dim)) l.o.reserve(static_cast<size_t>(m * dim));
+}
 
 const char* EpExchangeName(EpExchange e) {
   switch (e) {

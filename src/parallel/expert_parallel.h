@@ -63,6 +63,13 @@ using ExpertFn = std::function<void(int e, const float* x, int64_t m, const floa
 void RoutedExperts(Communicator* comm, EpExchange exchange, const ExpertShard& shard, const float* x, int64_t n,
                    int64_t dim, const int32_t* idx, const float* wts, int k, const ExpertFn& fn, float* y);
 
+// Makes the calling thread's per-expert scratch of RoutedExperts (the gathered
+// rows, their route weights and outputs) hold m rows of dim floats; it only
+// grows. A caller that knows the largest rows per expert of its steps (a
+// decode batch of n rows: n) calls it on every thread of the team once, so a
+// later step whose routing puts more rows on one expert allocates nothing.
+void ReserveRoutedExpertScratch(int64_t m, int64_t dim);
+
 // Bytes this rank sent and received in RoutedExperts calls since start-up
 // (for the benchmark's traffic report).
 struct EpTraffic {

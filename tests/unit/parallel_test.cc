@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "base/alloc_count.h"
 #include "cache/cache_pool.h"
 #include "canary_backend.h"
 #include "deepinfer/engine.h"
@@ -219,6 +220,30 @@ TEST(ExpertParallel, CombineSumsInIncreasingExpertIdOneProcess) {
       EXPECT_EQ(y[r * d + c], want) << r << "," << c;
     }
   }
+}
+
+// The decode step plan (model/v41/workspace.h): once every thread's expert
+// scratch holds n rows, a step whose routing puts all n rows on one expert
+// (after one that spread them) allocates nothing. The count is 0 in
+// sanitizer builds (nothing interposed), where this only checks the outputs.
+TEST(ExpertParallel, ReservedScratchMakesALaterRoutingAllocateNothing) {
+  const int64_t n = 4, d = 8;
+  const int k = 2;
+  std::vector<float> x(n * d), y(n * d), wts(n * k, 0.5f);
+  for (int64_t i = 0; i < n * d; ++i) x[i] = static_cast<float>(i);
+  const ExpertShard shard{8, 1, 0};
+  const ExpertFn fn = [](int e, const float* xin, int64_t m, const float* rw, float* out) {
+    for (int64_t i = 0; i < m * 8; ++i) out[i] = xin[i] * rw[i / 8] * static_cast<float>(e + 1);
+  };
+#pragma omp parallel
+  ReserveRoutedExpertScratch(n, d);
+  const std::vector<int32_t> spread = {0, 1, 2, 3, 4, 5, 6, 7};
+  RoutedExperts(nullptr, EpExchange::kReplicated, shard, x.data(), n, d, spread.data(), wts.data(), k, fn, y.data());
+  const std::vector<int32_t> two = {0, 1, 0, 1, 0, 1, 0, 1};  // every row on experts 0 and 1
+  const uint64_t a0 = HeapAllocations();
+  RoutedExperts(nullptr, EpExchange::kReplicated, shard, x.data(), n, d, two.data(), wts.data(), k, fn, y.data());
+  EXPECT_EQ(HeapAllocations() - a0, 0u);
+  for (int64_t i = 0; i < n * d; ++i) EXPECT_EQ(y[i], x[i] * 0.5f * 1.0f + x[i] * 0.5f * 2.0f) << i;
 }
 
 TEST(ExpertParallel, ShardOwnership) {

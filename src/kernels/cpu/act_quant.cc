@@ -140,6 +140,13 @@ std::vector<int64_t> AvailableTargets() {
   return r;
 }
 
+void ReserveLinearScratch(int64_t M, int64_t K) {
+  ActBuffers& buf = ThreadActBuffers();
+  buf.Resize(M * K, M * (K / 32));
+  if (static_cast<int64_t>(buf.qp.size()) < M * (K / 2)) buf.qp.resize(static_cast<size_t>(M * (K / 2)));
+  if (static_cast<int64_t>(buf.pt.size()) < 32 * K) buf.pt.resize(static_cast<size_t>(32 * K));
+}
+
 void ForceTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
 
 // DEEPINFER_TARGET applies to every program that links the kernels (tests

@@ -224,6 +224,12 @@ void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, floa
 // (M·N·K) runs on the calling thread, which avoids a fork/join for the small
 // decode GEMVs (default 2^16, linear_common.h). Never changes a result.
 void SetMinParallelMacs(int64_t macs);
+// Makes the calling thread's activation scratch of the FP8/FP4 linears (the
+// quantised rows, their scales, the BF16 pairs and the AVX2 FP4 product
+// tables) hold M rows of K (it only grows; act_block >= 32). A forward pass
+// whose threads take differently sized tasks (the MoE's experts) calls it on
+// every thread of the team for the largest M first, so no later step allocates.
+void ReserveLinearScratch(int64_t M, int64_t K);
 
 // ------------------------------------------------------------------ dispatch control
 // BF16 pair dots (kernels/cpu/bf16_dot.h has the exactness argument): on the

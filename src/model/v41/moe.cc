@@ -4,6 +4,7 @@
 // ranks (parallel/expert_parallel.h) and the shared expert, each a SwiGLU with
 // the limit (Expert.forward, kernels.h SwiGlu), and the FP32 combine rounded
 // to BF16.
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -19,6 +20,15 @@
 namespace deepinfer::v41 {
 
 // ------------------------------------------------------------------ MoE
+
+namespace {
+// Each thread's SwiGLU buffers (the routed experts run in parallel, one per
+// thread: RoutedExperts): gate/up projections [m, I] and the exps.
+struct ExpertScratch {
+  std::vector<float> gt, up, neg;
+};
+thread_local ExpertScratch tl_expert;
+}  // namespace
 
 void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64_t r1) {
   RegionScope region(Region::kMoe);
@@ -45,7 +55,9 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
                     const Fp4Linear* w2, const Fp8Linear* s1, const Fp8Linear* s3,
                     const Fp8Linear* s2, const float* rw, float* out) {
     // Per thread: the routed experts run in parallel (RoutedExperts).
-    thread_local std::vector<float> gt, up, neg;
+    std::vector<float>& gt = tl_expert.gt;
+    std::vector<float>& up = tl_expert.up;
+    std::vector<float>& neg = tl_expert.neg;
     Zeroed(gt, m * I);
     Zeroed(up, m * I);
     if (w1) {
@@ -59,6 +71,24 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
     if (w2) Linear(gt.data(), m, *w2, ab, out);
     else Linear(gt.data(), m, *s2, ab, out);
   };
+  // Every thread's expert scratch for the most rows one expert can get in
+  // this step shape (n rows of this rank, times the ranks that may send rows
+  // here), made once per new largest n: a later step whose routing puts more
+  // rows on one expert than any step before allocates nothing (the decode
+  // step plan, workspace.h).
+  const int64_t max_rows = n * (m_.comm_ ? m_.comm_->size() : 1);
+  if (max_rows > ws_.moe_reserved_rows) {
+#pragma omp parallel
+    {
+      ExpertScratch& es = tl_expert;
+      ReserveInSteps(es.gt, max_rows * I, 1);
+      ReserveInSteps(es.up, max_rows * I, 1);
+      ReserveInSteps(es.neg, max_rows * I, 1);
+      ReserveRoutedExpertScratch(max_rows, d);
+      cpu::ReserveLinearScratch(max_rows, std::max(d, I));
+    }
+    ws_.moe_reserved_rows = max_rows;
+  }
   // Routed experts: each on its owner rank (one process: all local), the
   // experts' SwiGLUs in parallel (each on one thread; the kernels inside run
   // on that thread), then per row the combine in increasing expert id, as

@@ -61,6 +61,7 @@ struct StepWorkspace {
   std::vector<int32_t> moe_idx;
   std::vector<float> moe_w, moe_y, moe_sh;
   std::vector<const float*> moe_bias;
+  int64_t moe_reserved_rows = 0;  // rows per expert every thread's MoE scratch holds (moe.cc)
   // Head.
   std::vector<int64_t> head_rows;
   std::vector<float> head_X, head_pre, head_y;
