@@ -108,6 +108,9 @@ struct Shape {
 };
 const std::vector<Shape> kShapes = {
     {1, 64, 32}, {1, 100, 96}, {2, 130, 256}, {3, 17, 64}, {7, 64, 160}, {13, 200, 128}, {100, 70, 96}, {1, 1, 32},
+    // M = 1 with more tiles than threads (no row slices): the AVX2 GEMVs over
+    // whole 64-row tiles (FP8, BF16, the FP4 product tables), a 8-row last tile
+    {1, 200, 160},
     // M >= 16: the block GEMM (weights converted once per tile and K block)
     {16, 64, 64}, {41, 130, 128}, {203, 24, 64}};
 

@@ -183,8 +183,11 @@ void BuildFp4ProductTables(const float* q, int64_t K, uint8_t* tb) {
   }
 }
 
-// GEMV of activation row m0 (a.pt holds its tables) over 32 rows roff.. of
-// one packed tile; the same partial sums, fold and rounding as Fp4Gemv.
+// GEMV of activation row m0 (a.pt holds its tables) over 32·H rows roff..
+// of one packed tile (H = 2: the whole tile, so each 256-byte stripe of
+// the tile is read in one pass and each column's tables are loaded once for
+// 64 rows); the same partial sums, fold and rounding as Fp4Gemv.
+template <int H>
 HWY_INLINE void Fp4GemvTables(const QArgs& a, const uint8_t* wt, const uint8_t* st, int64_t roff, int64_t m0,
                               int64_t n0) {
   const __m256i lo4 = _mm256_set1_epi8(0x0F);
@@ -194,59 +197,70 @@ HWY_INLINE void Fp4GemvTables(const QArgs& a, const uint8_t* wt, const uint8_t* 
                                       2, 6, 10, 14, 3, 7, 11, 15);
   const uint32_t* w32 = reinterpret_cast<const uint32_t*>(wt);
   const float* sa = a.sa + m0 * (a.K / a.ab);
-  __m256 acc[4];
-  for (int v = 0; v < 4; ++v) acc[v] = _mm256_setzero_ps();
+  HWY_ALIGN float acc[32 * H];
+  for (int v = 0; v < 4 * H; ++v) _mm256_store_ps(acc + 8 * v, _mm256_setzero_ps());
   const int64_t groups = a.K / 32;
   for (int64_t g = 0; g < groups; ++g) {
-    __m256 part[4];
-    for (int v = 0; v < 4; ++v) part[v] = _mm256_setzero_ps();
+    __m256 part[4 * H];
+    for (int v = 0; v < 4 * H; ++v) part[v] = _mm256_setzero_ps();
     for (int64_t j = 0; j < 4; ++j) {
       const uint32_t* wj = w32 + (g * 4 + j) * kTileRows + roff;
       const uint8_t* pf = reinterpret_cast<const uint8_t*>(wj) + kPrefetchBytes;
-      hwy::Prefetch(pf);
-      hwy::Prefetch(pf + 64);
-      // a_v: rows 8v..8v+7 (lane l: rows 8v+4l..+3), byte c of each dword =
-      // columns 8j+2c (low nibble) and 8j+2c+1 (high nibble).
-      const __m256i a0 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wj)), tr);
-      const __m256i a1 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wj + 8)), tr);
-      const __m256i a2 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wj + 16)), tr);
-      const __m256i a3 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wj + 24)), tr);
-      const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
-      const __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
-      // b[c], lane l, byte 4v'+i (v' = 0..3): row 8v' + 4l + i, column pair c.
-      const __m256i b[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
-                            _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+      HWY_UNROLL(4)
+      for (int l = 0; l < 2 * H; ++l) hwy::Prefetch(pf + 64 * l);
+      // Half hh: a_v = rows 32hh+8v..+7 (lane l: rows +4l..+3), byte c of
+      // each dword = columns 8j+2c (low nibble) and 8j+2c+1 (high nibble).
+      // b[hh][c], lane l, byte 4v+i: row 32hh + 8v + 4l + i, column pair c.
+      __m256i b[H][4];
+      HWY_UNROLL(2)
+      for (int hh = 0; hh < H; ++hh) {
+        const uint32_t* wh = wj + 32 * hh;
+        const __m256i a0 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wh)), tr);
+        const __m256i a1 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wh + 8)), tr);
+        const __m256i a2 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wh + 16)), tr);
+        const __m256i a3 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wh + 24)), tr);
+        const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
+        const __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
+        b[hh][0] = _mm256_unpacklo_epi64(t0, t2);
+        b[hh][1] = _mm256_unpackhi_epi64(t0, t2);
+        b[hh][2] = _mm256_unpacklo_epi64(t1, t3);
+        b[hh][3] = _mm256_unpackhi_epi64(t1, t3);
+      }
       HWY_UNROLL(4)
       for (int c = 0; c < 4; ++c) {
         HWY_UNROLL(2)
         for (int h = 0; h < 2; ++h) {
           const int64_t k = g * 32 + j * 8 + 2 * c + h;
-          const __m256i idx = h == 0 ? _mm256_and_si256(b[c], lo4) : _mm256_and_si256(_mm256_srli_epi16(b[c], 4), lo4);
           const __m256i tlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.pt + 32 * k)));
           const __m256i thi =
               _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.pt + 32 * k + 16)));
-          const __m256i lo = _mm256_shuffle_epi8(tlo, idx), hi = _mm256_shuffle_epi8(thi, idx);
-          // BF16 words, then FP32: the unpacks put rows 8v..8v+7 in part[v]'s lanes in order.
-          const __m256i w0 = _mm256_unpacklo_epi8(lo, hi), w1 = _mm256_unpackhi_epi8(lo, hi);
-          part[0] = _mm256_add_ps(part[0], _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, w0)));
-          part[1] = _mm256_add_ps(part[1], _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, w0)));
-          part[2] = _mm256_add_ps(part[2], _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, w1)));
-          part[3] = _mm256_add_ps(part[3], _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, w1)));
+          HWY_UNROLL(2)
+          for (int hh = 0; hh < H; ++hh) {
+            const __m256i idx =
+                h == 0 ? _mm256_and_si256(b[hh][c], lo4) : _mm256_and_si256(_mm256_srli_epi16(b[hh][c], 4), lo4);
+            const __m256i lo = _mm256_shuffle_epi8(tlo, idx), hi = _mm256_shuffle_epi8(thi, idx);
+            // BF16 words, then FP32: the unpacks put rows 32hh+8v..+7 in part[4hh+v]'s lanes in order.
+            const __m256i w0 = _mm256_unpacklo_epi8(lo, hi), w1 = _mm256_unpackhi_epi8(lo, hi);
+            __m256* p = part + 4 * hh;
+            p[0] = _mm256_add_ps(p[0], _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, w0)));
+            p[1] = _mm256_add_ps(p[1], _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, w0)));
+            p[2] = _mm256_add_ps(p[2], _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, w1)));
+            p[3] = _mm256_add_ps(p[3], _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, w1)));
+          }
         }
       }
     }
     const __m256 s = _mm256_set1_ps(sa[(g * 32) / a.ab]);
     const uint8_t* sg = st + g * kTileRows + roff;
-    for (int v = 0; v < 4; ++v) {
+    for (int v = 0; v < 4 * H; ++v) {
       // UE8M0 byte b (1..254, checked at pack time) → 2^(b−127).
       const __m128i b8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sg + 8 * v));
       const __m256 sw = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(b8), 23));
-      acc[v] = _mm256_add_ps(acc[v], _mm256_mul_ps(_mm256_mul_ps(part[v], s), sw));
+      _mm256_store_ps(acc + 8 * v,
+                      _mm256_add_ps(_mm256_load_ps(acc + 8 * v), _mm256_mul_ps(_mm256_mul_ps(part[v], s), sw)));
     }
   }
-  HWY_ALIGN float out[32];
-  for (int v = 0; v < 4; ++v) _mm256_store_ps(out + 8 * v, acc[v]);
-  StoreRows<4, 1>(out, a, m0, n0 + roff, /*round=*/true);
+  StoreRows<4 * H, 1>(acc, a, m0, n0 + roff, /*round=*/true);
 }
 #endif  // HWY_AVX2
 #else
@@ -357,15 +371,14 @@ void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
     return;
   }
 #endif
-  RunItems<kMicroV, kMicroMT>(a, item0, item1, [&](auto vt, auto mt, const QArgs& aa, int64_t tile, int64_t roff,
-                                                     int64_t m0) {
+  const auto micro = [&](auto vt, auto mt, const QArgs& aa, int64_t tile, int64_t roff, int64_t m0) {
     constexpr int kV = decltype(vt)::value, kMT = decltype(mt)::value;
     if constexpr (kMT == 1 && kFp4Gemv) {
 #if HWY_TARGET == HWY_AVX2
-      if constexpr (kV == 4) {
+      if constexpr (kV == 4 || kV == 8) {
         if (aa.pt != nullptr && m0 == aa.pt_row) {
-          Fp4GemvTables(aa, aa.w + tile * (aa.K / 2) * kTileRows, aa.s + tile * (aa.K / 32) * kTileRows, roff, m0,
-                        tile * kTileRows);
+          Fp4GemvTables<kV / 4>(aa, aa.w + tile * (aa.K / 2) * kTileRows, aa.s + tile * (aa.K / 32) * kTileRows,
+                                roff, m0, tile * kTileRows);
           return;
         }
       }
@@ -376,7 +389,14 @@ void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
     }
     Fp4Micro<kV, kMT>(aa, aa.w + tile * (aa.K / 2) * kTileRows, aa.s + tile * (aa.K / 32) * kTileRows, roff, m0,
                    tile * kTileRows);
-  });
+  };
+#if HWY_TARGET == HWY_AVX2
+  if (a.M == 1 && a.pt != nullptr) {  // the table GEMV over whole 64-row tiles
+    RunItems<8, 1>(a, item0, item1, micro);
+    return;
+  }
+#endif
+  RunItems<kMicroV, kMicroMT>(a, item0, item1, micro);
 }
 
 // Per-target entry (hwy_util-inl.h RunLinearCall). On AVX-512 with the BF16
