@@ -405,8 +405,18 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
   const int64_t L = HWY_DYNAMIC_DISPATCH(LanesF32)();
   const int64_t Hp = ((H + L - 1) / L) * L, Dp = ((D + L - 1) / L) * L;
   const int64_t tiles = HWY_DYNAMIC_DISPATCH(PvTilesD)(Dp) * HWY_DYNAMIC_DISPATCH(PvTilesH)(H);
+  // Scratch sized for n rounded up to kRowStep candidates (and the chunks of
+  // list_len rounded the same way): n grows by one per decode step until the
+  // window and top-k are full, and a buffer sized exactly would reallocate
+  // every time a step first exceeds it (the decode step plan allows no heap
+  // allocation in steady state; at most (window + top-k) / kRowStep per thread
+  // over a whole generation).
+  constexpr int64_t kRowStep = 256;
+  const int64_t n_cap = (n + kRowStep - 1) / kRowStep * kRowStep;
+  const int64_t chunk_cap = ((list_len + kRowStep - 1) / kRowStep * kRowStep) / kChunk + 1;
   // The chunks with members, as the reference walks them.
   thread_local std::vector<AttnChunk> chunks;
+  if (static_cast<int64_t>(chunks.capacity()) < chunk_cap) chunks.reserve(static_cast<size_t>(chunk_cap));
   chunks.clear();
   for (int32_t c0 = 0, i = 0; c0 < list_len; c0 += kChunk) {
     const int32_t clen = std::min(kChunk, list_len - c0);
@@ -428,11 +438,11 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
   w.kv = kv;
   w.qt = qt;
   w.sink = sk;
-  w.kvt = kvt_buf.Get(static_cast<int64_t>(n) * (Dp - HWY_DYNAMIC_DISPATCH(PvTailStart)(D, Dp)));
-  w.dots = dots_buf.Get(static_cast<int64_t>(n) * Hp);
-  w.pb = pb_buf.Get(static_cast<int64_t>(n) * Hp);
+  w.kvt = kvt_buf.Get(n_cap * (Dp - HWY_DYNAMIC_DISPATCH(PvTailStart)(D, Dp)));
+  w.dots = dots_buf.Get(n_cap * Hp);
+  w.pb = pb_buf.Get(n_cap * Hp);
   w.pt = pt_buf.Get(kChunk * Hp);
-  w.rescale = rescale_buf.Get(static_cast<int64_t>(nchunks) * Hp);
+  w.rescale = rescale_buf.Get(chunk_cap * Hp);
   w.sum = sum_buf.Get(Hp);
   const AttnChunk* ch = chunks.data();
   // A team only for a large call (a fork/join costs more than a short list's
