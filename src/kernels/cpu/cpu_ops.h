@@ -161,7 +161,7 @@ void GroupedLinearBf16(const float* o, int64_t M, int groups, const PackedBf16& 
 // The reference operators whose inner loops are long sequential FP32 dot
 // products, with those dot products vectorised across outputs (same order per
 // output) and everything else copied from ref_ops.cc; bit-identical to the
-// ref:: operator of the same name (tests/unit/cpu_kernels_test.cc checks them
+// ref:: operator of the same name (tests/unit/cpu_model_ops_test.cc checks them
 // against the ref:: functions, so a change there shows up as a failure).
 //
 // As ref::Router, with the gate weight repacked (PackBf16(gate.weight())).

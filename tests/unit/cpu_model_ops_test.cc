@@ -1,0 +1,361 @@
+// The fast CPU forms of the forward pass's non-linear operators
+// (kernels/cpu/cpu_ops.h: LinearF32, Router, the mHC mixes / collapse /
+// expand, SLEEF's exp, sparse attention, the indexer scores) against the
+// scalar reference operators: bit-identical outputs on random inputs and
+// special values, on every dispatch target this CPU supports.
+#include <gtest/gtest.h>
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/parallel.h"
+#include "format/numerics.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ref/ref_math.h"
+#include "kernels/ref/ref_ops.h"
+
+#include "cpu_test_util.h"
+
+namespace deepinfer::cpu {
+namespace {
+
+TEST(CpuKernels, LinearF32BitIdentical) {
+  ForEachTarget([&] {
+    for (const Shape& sh : kShapes) {
+      std::mt19937_64 rng(sh.M * 1000 + sh.N);
+      std::normal_distribution<float> nd(0.0f, 2.0f);
+      std::vector<float> w(sh.N * sh.K), x(sh.M * sh.K);
+      for (auto& v : w) v = nd(rng);
+      for (auto& v : x) v = nd(rng);
+      const PackedF32 p = PackF32(w.data(), sh.N, sh.K);
+      std::vector<float> want(sh.M * sh.N), got(sh.M * sh.N, -1.0f);
+      ref::LinearF32(x.data(), sh.M, w.data(), sh.N, sh.K, want.data());
+      LinearF32(x.data(), sh.M, p, got.data());
+      EXPECT_TRUE(SameBits(got, want)) << "M=" << sh.M << " N=" << sh.N << " K=" << sh.K;
+    }
+  });
+}
+
+TEST(CpuKernels, RouterBitIdentical) {
+  const int64_t dim = 160, E = 24;
+  const int topk = 4;
+  ForEachTarget([&] {
+    for (int64_t M : {1, 5}) {
+      const std::vector<uint16_t> g = RandomBf16(E * dim, 600 + M);
+      const std::vector<float> x = RandomActs(M * dim, 601 + M, -6.0f, 2.0f);
+      std::vector<float> bias(E);
+      std::mt19937_64 rng(602);
+      for (auto& b : bias) b = static_cast<float>(rng() % 1000) / 5000.0f;
+      std::vector<const float*> bp(M, bias.data());
+      std::vector<int32_t> spv(M);
+      for (int64_t m = 0; m < M; ++m) spv[m] = static_cast<int32_t>((m * 7) % (E + 1));  // vector/scalar split varies
+      const ref::Bf16Weight view{g.data(), E, dim};
+      const PackedBf16 p = PackBf16(view);
+      for (bool norm : {false, true}) {
+        std::vector<int32_t> wi(M * topk), gi(M * topk);
+        std::vector<float> ww(M * topk), gw(M * topk);
+        ref::Router(x.data(), M, view, bp.data(), topk, 1.0f, norm, 1.5f, spv.data(), wi.data(), ww.data());
+        Router(x.data(), M, p, bp.data(), topk, 1.0f, norm, 1.5f, spv.data(), gi.data(), gw.data());
+        EXPECT_EQ(gi, wi) << "M=" << M;
+        EXPECT_TRUE(SameBits(gw, ww)) << "M=" << M;
+      }
+    }
+  });
+}
+
+TEST(CpuKernels, HcMixesBitIdentical) {
+  const int hc = 4;
+  const int64_t d = 96, mix = (2 + hc) * hc;
+  ForEachTarget([&] {
+    for (int64_t M : {1, 3, 8}) {
+      const std::vector<float> X = RandomActs(M * hc * d, 700 + M, -4.0f, 3.0f);
+      std::mt19937_64 rng(701);
+      std::normal_distribution<float> nd(0.0f, 0.05f);
+      std::vector<float> fn(mix * hc * d), base(mix), scale = {0.7f, 1.1f, 0.9f};
+      for (auto& v : fn) v = nd(rng);
+      for (auto& v : base) v = nd(rng) * 10.0f;
+      std::vector<int32_t> sig(M);
+      for (int64_t r = 0; r < M; ++r) sig[r] = static_cast<int32_t>((r * 3) % (hc + 1));  // vector/scalar split varies
+      const PackedF32 p = PackF32(fn.data(), mix, hc * d);
+      std::vector<float> wp(M * hc), wq(M * hc), wc(M * hc * hc), gp(M * hc), gq(M * hc), gc(M * hc * hc);
+      ref::HcMixes(X.data(), M, hc, d, fn.data(), base.data(), scale.data(), 1e-20f, 20, 1e-6f, sig.data(), wp.data(),
+                   wq.data(), wc.data());
+      HcMixes(X.data(), M, hc, d, p, base.data(), scale.data(), 1e-20f, 20, 1e-6f, sig.data(), gp.data(), gq.data(),
+              gc.data());
+      EXPECT_TRUE(SameBits(gp, wp)) << "pre M=" << M;
+      EXPECT_TRUE(SameBits(gq, wq)) << "post M=" << M;
+      EXPECT_TRUE(SameBits(gc, wc)) << "comb M=" << M;
+    }
+  });
+}
+
+TEST(CpuKernels, HcCollapseExpandBitIdentical) {
+  // Elementwise along d: d not a multiple of the lanes, one row and many
+  // (rows split over the team), general FP32 values (the products are not
+  // exact: an FMA would show), NaN / ±Inf / huge values in a few elements.
+  const int hc = 4;
+  const int saved_threads = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    ForEachTarget([&] {
+      for (int64_t d : {1, 7, 96, 1030}) {
+        for (int64_t M : {1, 3, 40}) {
+          std::vector<float> X = RandomActs(M * hc * d, 900 + d + M, -6.0f, 6.0f);
+          std::vector<float> v = RandomActs(M * d, 901 + d + M, -3.0f, 3.0f);
+          std::vector<float> pre = RandomActs(M * hc, 902 + d, -1.0f, 2.0f);
+          std::vector<float> post = RandomActs(M * hc, 903 + d, -1.0f, 2.0f);
+          std::vector<float> comb = RandomActs(M * hc * hc, 904 + d, 0.0f, 1.0f);
+          if (d >= 7) {
+            X[3] = std::numeric_limits<float>::quiet_NaN();
+            X[5] = std::numeric_limits<float>::infinity();
+            v[d - 1] = -std::numeric_limits<float>::infinity();
+            X[hc * d - 2] = 3.0e38f;
+          }
+          std::vector<float> wx(M * d), gx(M * d), wX(M * hc * d), gX(M * hc * d);
+          ref::HcCollapse(X.data(), pre.data(), M, hc, d, wx.data());
+          HcCollapse(X.data(), pre.data(), M, hc, d, gx.data());
+          EXPECT_TRUE(SameBits(gx, wx)) << "collapse d=" << d << " M=" << M;
+          ref::HcExpand(v.data(), X.data(), post.data(), comb.data(), M, hc, d, wX.data());
+          HcExpand(v.data(), X.data(), post.data(), comb.data(), M, hc, d, gX.data());
+          EXPECT_TRUE(SameBits(gX, wX)) << "expand d=" << d << " M=" << M;
+        }
+      }
+    });
+  }
+  omp_set_num_threads(saved_threads);
+}
+
+TEST(CpuKernels, SleefExpfRowBitIdentical) {
+  // Specials, the range limits, a stride over every bit pattern and a denser
+  // stride over [-104, 1] (the attention's exp arguments), odd lengths.
+  std::vector<float> x = {0.0f, -0.0f, 1.0f, -1.0f, 100.0f, -104.0f, std::nextafter(100.0f, 200.0f),
+                          std::nextafter(-104.0f, -200.0f), std::nextafter(-104.0f, 0.0f), 88.72f, -87.33f,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::signaling_NaN(), std::numeric_limits<float>::denorm_min(),
+                          -std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::lowest(), -1e30f, 1e-30f};
+  auto BitsToFloat = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 65521) x.push_back(BitsToFloat(static_cast<uint32_t>(u)));
+  for (uint32_t u = FloatBits(1.0f); u > 0; u = u > 509 ? u - 509 : 0) x.push_back(BitsToFloat(u));
+  for (uint32_t u = 0x80000000u; u <= FloatBits(-104.0f); u += 509) x.push_back(BitsToFloat(u));
+  std::vector<float> want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = ref::SleefExpf(x[i]);
+  ForEachTarget([&] {
+    for (size_t n : {x.size(), size_t{1}, size_t{7}, size_t{21}}) {
+      std::vector<float> got(n, -1.0f);
+      SleefExpfRow(x.data(), static_cast<int64_t>(n), got.data());
+      EXPECT_TRUE(SameBits(got, std::vector<float>(want.begin(), want.begin() + static_cast<int64_t>(n))))
+          << "n=" << n;
+    }
+  });
+}
+
+TEST(CpuKernels, SparseAttentionBitIdentical) {
+  struct Case {
+    int H;
+    int64_t D;
+    int32_t list_len;
+    int keep;  // a slot holds a candidate with probability (keep-1)/keep; 0: every slot
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  const int saved = omp_get_max_threads();
+  ForEachTarget([&] {
+    // H below, at and past the lanes; D not a whole number of vectors or
+    // tiles; last chunks of 1..63 slots; n past the OpenMP split threshold;
+    // many heads (130k outputs: a one-ulp change of a softmax sum shows
+    // through the BF16 rounding of some of them).
+    for (const Case& c : {Case{4, 128, 70, 3}, Case{16, 512, 200, 3}, Case{20, 72, 130, 3}, Case{1, 64, 5, 3},
+                          Case{16, 512, 640, 0}, Case{17, 40, 1000, 4}, Case{3, 24, 71, 0}, Case{8, 8, 9, 2},
+                          Case{33, 200, 575, 5}, Case{16, 520, 129, 3}, Case{5, 1, 64, 0}, Case{256, 512, 160, 3}}) {
+      // variant 0: BF16 queries (as the model's), 1: special values, 2: FP32 queries (inexact q·k products)
+      for (int variant = 0; variant < 3; ++variant) {
+        std::mt19937_64 rng(800 + c.H + variant);
+        // Candidates at ascending slots with gaps; chunk 1 (slots 64..127) left empty when the list is long.
+        std::vector<int32_t> slots;
+        for (int32_t s = 0; s < c.list_len; ++s) {
+          if (c.list_len > 128 && s >= 64 && s < 128) continue;
+          if (c.keep == 0 || rng() % c.keep != 0) slots.push_back(s);
+        }
+        const int n = static_cast<int>(slots.size());
+        std::vector<uint16_t> rows = RandomBf16(n * c.D, 801 + c.H);
+        std::vector<const uint16_t*> kv(n);
+        for (int i = 0; i < n; ++i) kv[i] = rows.data() + i * c.D;
+        std::vector<float> q = RandomActs(c.H * c.D, 802 + c.H, -3.0f, 2.0f);
+        std::vector<float> sink(c.H);
+        for (auto& s : sink) s = static_cast<float>(static_cast<int>(rng() % 200) - 100) / 25.0f;
+        if (variant == 1) {
+          // Special values: a head of -inf scores, one of ±inf/NaN scores, one
+          // with a NaN query element, one whose exps underflow, infinite sinks.
+          for (int i = 0; i < n; ++i) rows[i * c.D] = FloatToBf16(0.5f + static_cast<float>(i % 3));
+          q[0] = -inf;
+          if (c.H > 1) q[c.D] = 1e38f, q[c.D + c.D / 2] = 1e38f;
+          if (c.H > 2) q[2 * c.D + c.D - 1] = std::numeric_limits<float>::quiet_NaN();
+          if (c.H > 3)
+            for (int64_t d = 0; d < c.D; ++d) q[3 * c.D + d] *= 300.0f;
+          sink[0] = -inf;
+          if (c.H > 4) sink[4] = inf;
+        }
+        if (variant == 2)
+          for (auto& v : q) v *= 1.1f;
+        const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+        std::vector<float> want(c.H * c.D);
+        ref::SparseAttention(q.data(), c.H, c.D, kv.data(), slots.data(), n, c.list_len, sink.data(), scale,
+                             want.data());
+        for (int threads : {1, 2}) {
+          omp_set_num_threads(threads);
+          std::vector<float> got(c.H * c.D, -1.0f);
+          SparseAttention(q.data(), c.H, c.D, kv.data(), slots.data(), n, c.list_len, sink.data(), scale, got.data());
+          EXPECT_TRUE(SameBits(got, want)) << "H=" << c.H << " D=" << c.D << " n=" << n << " list_len=" << c.list_len
+                                           << " variant=" << variant << " threads=" << threads;
+        }
+      }
+    }
+  });
+  omp_set_num_threads(saved);
+}
+
+// The V4.1 indexer's scalar score loop (model.cc ForwardPass::Indexer), keys row-major.
+void IndexerScoresOracle(const float* q, const float* w, int64_t nh, int64_t ID, const float* keys, int64_t n,
+                         float* score) {
+  for (int64_t j = 0; j < n; ++j) {
+    float acc = 0.0f;
+    for (int64_t h = 0; h < nh; ++h) {
+      const float* qh = q + h * ID;
+      const float* kj = keys + j * ID;
+      float dot = 0.0f;
+      for (int64_t c = 0; c < ID; ++c) dot += qh[c] * kj[c];
+      const float rl = std::max(RoundBf16(dot), 0.0f);
+      acc += RoundBf16(rl * w[h]);
+    }
+    score[j] = RoundBf16(acc);
+  }
+}
+
+TEST(CpuKernels, IndexerScoresBitIdentical) {
+  struct Case {
+    int64_t nh, ID, n;
+    // 0 none, 1 NaN key, 2 NaN query, 3 NaN weight, 4 underflowing products, 5 Inf / Inf−Inf, 6 zero keys,
+    // 7 keys whose score an FMA would change
+    int special;
+  };
+  std::vector<Case> cases;
+  for (int64_t n : {1, 3, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 100, 129, 300})
+    cases.push_back({16, 128, n, 0});
+  for (int sp = 1; sp <= 7; ++sp) cases.push_back({16, 128, 77, sp});
+  cases.push_back({3, 5, 21, 0});
+  cases.push_back({1, 1, 9, 0});
+  cases.push_back({5, 33, 70, 4});
+  ForEachTarget([&] {
+    for (const Case& cs : cases) {
+      const int64_t nh = cs.nh, ID = cs.ID, n = cs.n;
+      const int64_t E = n + 5;  // keys past n exist and must not matter
+      std::mt19937_64 rng(900 + n * 7 + cs.special * 131 + nh);
+      // q: FP4 E2M1 values × a power-of-two scale per 32 (the FP4 QDQ'd query); k: BF16; w: signed BF16.
+      static const float kE2M1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+      std::vector<float> q(nh * ID), w(nh), keys(E * ID);
+      const int qexp_lo = cs.special == 4 ? -80 : -6;
+      for (int64_t g = 0; g < nh * ID; g += 32) {
+        const int e = qexp_lo + static_cast<int>(rng() % 6);
+        for (int64_t t = g; t < std::min(nh * ID, g + 32); ++t)
+          q[t] = std::ldexp(kE2M1[rng() % 8], e) * ((rng() & 1) ? -1.0f : 1.0f);
+      }
+      const std::vector<uint16_t> kb = RandomBf16(E * ID, 901 + n);
+      for (int64_t t = 0; t < E * ID; ++t) keys[t] = Bf16ToFloat(kb[t]);
+      if (cs.special == 4)  // products near and below the FP32 subnormal range: dots that round to ±0 / subnormals
+        for (auto& k : keys) k = RoundBf16(std::ldexp(k, -62));
+      for (auto& v : w) v = RoundBf16(static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 700.0f);
+      switch (cs.special) {
+        case 1:
+          keys[5 * ID + 3] = BitsFloat(0x7FC10000u);
+          keys[40 * ID + 0] = BitsFloat(0xFFC30000u);
+          break;
+        case 2: q[2 * ID + 7] = BitsFloat(0xFFE50000u); break;
+        case 3: w[4] = BitsFloat(0x7FC70000u); break;
+        case 5:
+          for (int64_t c = 0; c < ID; ++c) keys[9 * ID + c] = BitsFloat(0x7F7F0000u) * ((c & 1) ? -1.0f : 1.0f);
+          keys[12 * ID + 1] = std::numeric_limits<float>::infinity();
+          keys[13 * ID + 2] = -std::numeric_limits<float>::infinity();
+          break;
+        case 6:
+          for (int64_t j : {0, 20, 76})
+            for (int64_t c = 0; c < ID; ++c) keys[j * ID + c] = (c & 1) ? -0.0f : 0.0f;
+          break;
+        case 7:
+          // q_h = (2^-75, 2^-75, 2^-75, 0, ...); keys 3 and 50: (1.5·2^-58, -2^-74, 2^-75, ...): the dot is
+          // 3·2^-134 − 2^-149, then + 2^-150, which the multiply rounds to 0 (bf16(dot) = 2^-133) but an
+          // FMA adds (tie to even: 3·2^-134, bf16 2^-132).
+          for (int64_t h = 0; h < nh; ++h)
+            for (int64_t c = 0; c < ID; ++c) q[h * ID + c] = c < 3 ? std::ldexp(1.0f, -75) : 0.0f;
+          for (auto& v : w) v = std::fabs(v);
+          for (int64_t j : {3, 50}) {
+            keys[j * ID + 0] = std::ldexp(1.5f, -58);
+            keys[j * ID + 1] = -std::ldexp(1.0f, -74);
+            keys[j * ID + 2] = std::ldexp(1.0f, -75);
+          }
+          break;
+        default: break;
+      }
+      std::vector<float> kt((E + kIndexKeyBlock - 1) / kIndexKeyBlock * kIndexKeyBlock * ID, 0.0f);
+      for (int64_t j = 0; j < E; ++j) {
+        std::vector<uint16_t> row(ID);
+        for (int64_t c = 0; c < ID; ++c) row[c] = static_cast<uint16_t>(FloatBits(keys[j * ID + c]) >> 16);
+        PackIndexKey(row.data(), j, ID, kt.data());
+      }
+      std::vector<float> want(n), got(n + 1, 42.0f);
+      IndexerScoresOracle(q.data(), w.data(), nh, ID, keys.data(), n, want.data());
+      IndexerScores(q.data(), w.data(), nh, ID, kt.data(), n, got.data());
+      EXPECT_EQ(FloatBits(got[n]), FloatBits(42.0f)) << "wrote past n=" << n;
+      got.resize(n);
+      int64_t bad = 0, first = -1;
+      for (int64_t j = 0; j < n; ++j)
+        if (FloatBits(got[j]) != FloatBits(want[j]) && bad++ == 0) first = j;  // NaN payloads too
+      EXPECT_EQ(bad, 0) << "nh=" << nh << " ID=" << ID << " n=" << n << " special=" << cs.special << " first at "
+                        << first << ": got " << (first >= 0 ? got[first] : 0) << " want "
+                        << (first >= 0 ? want[first] : 0);
+      if (cs.special == 1) {
+        EXPECT_TRUE(std::isnan(want[5]) && std::isnan(want[40]));
+      }
+      if (cs.special == 7) {  // the test sees an FMA
+        std::vector<float> fma(n);
+        for (int64_t j = 0; j < n; ++j) {
+          float acc = 0.0f;
+          for (int64_t h = 0; h < nh; ++h) {
+            float dot = 0.0f;
+            for (int64_t c = 0; c < ID; ++c) dot = std::fma(q[h * ID + c], keys[j * ID + c], dot);
+            acc += RoundBf16(std::max(RoundBf16(dot), 0.0f) * w[h]);
+          }
+          fma[j] = RoundBf16(acc);
+        }
+        EXPECT_NE(FloatBits(fma[3]), FloatBits(want[3]));
+        EXPECT_NE(FloatBits(fma[50]), FloatBits(want[50]));
+      }
+      if (cs.special == 4) {  // the inputs really reach -0.0 after the rounding (std::max keeps it)
+        int64_t neg_zero = 0;
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t h = 0; h < nh; ++h) {
+            float dot = 0.0f;
+            for (int64_t c = 0; c < ID; ++c) dot += q[h * ID + c] * keys[j * ID + c];
+            neg_zero += FloatBits(RoundBf16(dot)) == 0x80000000u;
+          }
+        EXPECT_GT(neg_zero, 0);
+      }
+    }
+  });
+}
+
+}  // namespace
+}  // namespace deepinfer::cpu
