@@ -32,7 +32,8 @@ struct LocalScratch {
 };
 thread_local LocalScratch tl_local;
 
-void RunLocal(const ExpertFn& fn, int64_t dim, const Items& it, float* out) {
+void RunLocal(const ExpertFn& fn, int64_t dim, const Items& it, float* out,
+              const std::function<void()>& alongside = {}) {
   // Items grouped by expert (experts in increasing id, each group's items in
   // item order) by a counting sort into flat arrays sized by it.m alone, so a
   // step with as many items as an earlier one allocates nothing, whatever its
@@ -63,8 +64,14 @@ void RunLocal(const ExpertFn& fn, int64_t dim, const Items& it, float* out) {
     }
   }
   const int64_t ng = static_cast<int64_t>(experts.size());
-#pragma omp parallel for schedule(dynamic, 1) if(ng > 1)
-  for (int64_t g = 0; g < ng; ++g) {
+  const int64_t extra = alongside ? 1 : 0;  // task 0: `alongside`
+#pragma omp parallel for schedule(dynamic, 1) if(ng + extra > 1)
+  for (int64_t t = 0; t < ng + extra; ++t) {
+    if (t < extra) {
+      alongside();
+      continue;
+    }
+    const int64_t g = t - extra;
     const int64_t* rows = order.data() + start[static_cast<size_t>(g)];
     const int64_t m = start[static_cast<size_t>(g) + 1] - start[static_cast<size_t>(g)];
     std::vector<float>& xin = tl_local.xin;
@@ -130,7 +137,8 @@ const char* EpExchangeName(EpExchange e) {
 EpTraffic GetEpTraffic() { return {g_sent.load(), g_recv.load(), g_calls.load()}; }
 
 void RoutedExperts(Communicator* comm, EpExchange exchange, const ExpertShard& shard, const float* x, int64_t n,
-                   int64_t dim, const int32_t* idx, const float* wts, int k, const ExpertFn& fn, float* y) {
+                   int64_t dim, const int32_t* idx, const float* wts, int k, const ExpertFn& fn, float* y,
+                   const std::function<void()>& alongside) {
   DI_CHECK(k >= 1 && k <= 64);
   const int N = comm ? comm->size() : 1;
   DI_CHECK(shard.size == N && shard.num_experts % N == 0);
@@ -147,10 +155,12 @@ void RoutedExperts(Communicator* comm, EpExchange exchange, const ExpertShard& s
     it.m = 0;
     for (int64_t r = 0; r < n; ++r)
       for (int t = 0; t < k; ++t) AddItem(&it, x + r * dim, dim, wts[r * k + t], idx[r * k + t]);
-    RunLocal(fn, dim, it, slot.data());
+    RunLocal(fn, dim, it, slot.data(), alongside);
     Combine(slot.data(), idx, n, k, dim, y);
     return;
   }
+  // Several ranks: `alongside` first, on the calling thread.
+  if (alongside) alongside();
 
   if (exchange == EpExchange::kReplicated) {
     // Every rank knows every row's routing: each computes its own (row, slot)

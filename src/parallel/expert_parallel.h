@@ -59,9 +59,15 @@ using ExpertFn = std::function<void(int e, const float* x, int64_t m, const floa
 // expert outputs (FP32, from 0). x [n, dim], idx [n, k] int32 expert ids in
 // [0, E) distinct per row, wts [n, k]. `comm` may be null (one process: every
 // expert local). With kStatic, n must equal static_rows on every rank.
+// `alongside`, when set and comm is null or of size 1, runs as one more task
+// of the experts' parallel loop (first in line), on whichever thread takes
+// it: the MoE's shared expert at decode sizes, so it neither waits for the
+// routed experts nor opens its own parallel regions. It must not touch y or
+// the rows' outputs. With several ranks it runs first, on the calling thread.
 // Throws Error(kInternal) on inconsistent arguments, RankLostError from comm.
 void RoutedExperts(Communicator* comm, EpExchange exchange, const ExpertShard& shard, const float* x, int64_t n,
-                   int64_t dim, const int32_t* idx, const float* wts, int k, const ExpertFn& fn, float* y);
+                   int64_t dim, const int32_t* idx, const float* wts, int k, const ExpertFn& fn, float* y,
+                   const std::function<void()>& alongside = {});
 
 // Makes the calling thread's per-expert scratch of RoutedExperts (the gathered
 // rows, their route weights and outputs) hold m rows of dim floats; it only

@@ -5,6 +5,7 @@
 // the limit (Expert.forward, kernels.h SwiGlu), and the FP32 combine rounded
 // to BF16.
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -22,6 +23,10 @@ namespace deepinfer::v41 {
 // ------------------------------------------------------------------ MoE
 
 namespace {
+// Decode steps of up to this many rows run the shared expert as one task
+// beside the routed experts (RoutedExperts `alongside`).
+constexpr int64_t kSharedAlongsideMaxRows = 16;
+
 // Each thread's SwiGLU buffers (the routed experts run in parallel, one per
 // thread: RoutedExperts): gate/up projections [m, I] and the exps.
 struct ExpertScratch {
@@ -93,6 +98,15 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
   // experts' SwiGLUs in parallel (each on one thread; the kernels inside run
   // on that thread), then per row the combine in increasing expert id, as
   // the reference sums (parallel/expert_parallel.h).
+  // The shared expert: at decode sizes (one process) one more task of the
+  // experts' loop, on one thread beside the routed experts; else after them
+  // with its linears split over the team. Same rows, same kernels: the same
+  // bits either way.
+  std::vector<float>& sh = Zeroed(ws_.moe_sh, n * d);
+  const auto shared = [&] {
+    swiglu(x, n, nullptr, nullptr, nullptr, &F.shared_w1, &F.shared_w3, &F.shared_w2, nullptr, sh.data());
+  };
+  const bool shared_alongside = n <= kSharedAlongsideMaxRows && !(m_.comm_ && m_.comm_->size() > 1);
   RoutedExperts(
       m_.comm_, b_.exchange, m_.shard_, x, n, d, idx.data(), wts.data(), k,
       [&](int e, const float* xin, int64_t m, const float* rw, float* out) {
@@ -100,9 +114,9 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
         DI_CHECK(ew.bound);
         swiglu(xin, m, &ew.w1, &ew.w3, &ew.w2, nullptr, nullptr, nullptr, rw, out);
       },
-      y.data());
-  std::vector<float>& sh = Zeroed(ws_.moe_sh, n * d);
-  swiglu(x, n, nullptr, nullptr, nullptr, &F.shared_w1, &F.shared_w3, &F.shared_w2, nullptr, sh.data());
+      // std::ref: the std::function holds a reference, no heap copy of the closure.
+      y.data(), shared_alongside ? std::function<void()>(std::ref(shared)) : std::function<void()>());
+  if (!shared_alongside) shared();
   for (int64_t i = 0; i < n * d; ++i) v[i] = RoundBf16(y[i] + sh[i]);
   if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size()) && r0 == 0 && r1 == R_) {
     const SeqInfo& q = seq_[m_.debug_seq_];
