@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "format/numerics.h"
+#include "base/alloc_count.h"
 #include "base/parallel.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ref/ref_math.h"
@@ -28,6 +29,32 @@
 
 namespace deepinfer::cpu {
 namespace {
+
+// The decode step plan's reservation (cpu_ops.h ReserveLinearScratch): after
+// it, on every thread of the team, calls of up to that many rows allocate
+// nothing on any target (the AVX2 block GEMM's scratch from 16 rows included).
+// HeapAllocations() stays 0 in sanitizer builds, where this checks nothing.
+TEST(CpuKernels, ReservedLinearScratchMakesLaterCallsAllocateNothing) {
+  const int64_t N = 128, K = 512, maxM = 40;
+  const std::vector<uint8_t> w4 = RandomE4M3(N * K / 2, 50), s4 = RandomScales(N * (K / 32), 51);
+  const std::vector<uint8_t> w8 = RandomE4M3(N * K, 52), s8 = RandomScales((N / 32) * (K / 32), 53);
+  const PackedFp4 p4 = PackFp4({w4.data(), s4.data(), N, K});
+  const PackedFp8 p8 = PackFp8({w8.data(), s8.data(), N, K, 32});
+  const std::vector<float> x = RandomActs(maxM * K, 54);
+  std::vector<float> y(maxM * N);
+  ForEachTarget([&] {
+#pragma omp parallel
+    ReserveLinearScratch(maxM, K);
+    uint64_t allocs = 0;
+    for (int64_t M : {1, 4, 7, 16, 20, 33, 40}) {
+      const uint64_t a0 = HeapAllocations();
+      LinearFp4(x.data(), M, p4, 32, y.data());
+      LinearFp8(x.data(), M, p8, 32, y.data());
+      allocs += HeapAllocations() - a0;
+    }
+    EXPECT_EQ(allocs, 0u);
+  });
+}
 
 TEST(CpuKernels, TargetsIncludeBaseline) {
   if (std::getenv("DEEPINFER_TARGET") != nullptr) GTEST_SKIP() << "DEEPINFER_TARGET restricts the targets";

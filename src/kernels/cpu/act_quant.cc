@@ -91,6 +91,19 @@ bool QuantizeRow(const float* x, int64_t K, int B, float* q, float* sa, float vm
 
 int64_t ThisTarget() { return HWY_TARGET; }
 
+// The calling thread's scratch of the block GEMM path (hwy_util-inl.h: the
+// packed activations and BlockScratch) for calls of up to M rows of K, on the
+// targets that take that path (AVX2) from kBlockGemmMinM rows.
+void ReserveBlockScratch(int64_t M, int64_t K) {
+  if constexpr (kUseBlockGemm) {
+    if (M >= kBlockGemmMinM) {
+      PackedActBuffer(M, K);
+      constexpr int64_t kMaxBlock = 128;  // the widest K block a block GEMM converts (FP8, 128×128 scales)
+      ThreadBlockScratch().Resize(kMaxBlock * kTileRows, std::min<int64_t>(M, 96) * kTileRows);
+    }
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace deepinfer::cpu
 HWY_AFTER_NAMESPACE();
@@ -99,6 +112,7 @@ HWY_AFTER_NAMESPACE();
 namespace deepinfer::cpu {
 HWY_EXPORT(QuantizeRow);
 HWY_EXPORT(ThisTarget);
+HWY_EXPORT(ReserveBlockScratch);
 
 void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, float* sa, Fp8Format fmt) {
   auto* fn = HWY_DYNAMIC_DISPATCH(QuantizeRow);
@@ -117,10 +131,13 @@ void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, floa
   }
 #pragma omp parallel if (M * K >= (int64_t{1} << 16))
   {
-    thread_local std::vector<uint8_t> codes, sb;
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; ++m) {
       if (fn(x + m * K, K, B, q + m * K, sa + m * kb, vmax, inv_max)) continue;
+      // Declared here, reached only by a row with a NaN or infinity: a
+      // thread_local's first use registers its destructor, a heap
+      // allocation, which a finite step must not make.
+      thread_local std::vector<uint8_t> codes, sb;
       codes.resize(K);
       sb.resize(kb);
       QuantizeActE4M3(x + m * K, K, B, codes.data(), sb.data(), fmt);
@@ -145,6 +162,7 @@ void ReserveLinearScratch(int64_t M, int64_t K) {
   buf.Resize(M * K, M * (K / 32));
   if (static_cast<int64_t>(buf.qp.size()) < M * (K / 2)) buf.qp.resize(static_cast<size_t>(M * (K / 2)));
   if (static_cast<int64_t>(buf.pt.size()) < 32 * K) buf.pt.resize(static_cast<size_t>(32 * K));
+  HWY_DYNAMIC_DISPATCH(ReserveBlockScratch)(M, K);
 }
 
 void ForceTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }

@@ -225,8 +225,11 @@ void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, floa
 // decode GEMVs (default 2^16, linear_common.h). Never changes a result.
 void SetMinParallelMacs(int64_t macs);
 // Makes the calling thread's activation scratch of the FP8/FP4 linears (the
-// quantised rows, their scales, the BF16 pairs and the AVX2 FP4 product
-// tables) hold M rows of K (it only grows; act_block >= 32). A forward pass
+// quantised rows, their scales, the BF16 pairs, the AVX2 FP4 product tables
+// and, on AVX2 from 16 rows, the block GEMM's packed activations and
+// converted-weight block) hold M rows of K (it only grows; act_block >= 32;
+// for the active dispatch target). Rows with a NaN or infinity take the
+// scalar quantiser, whose scratch is not covered. A forward pass
 // whose threads take differently sized tasks (the MoE's experts) calls it on
 // every thread of the team for the largest M first, so no later step allocates.
 void ReserveLinearScratch(int64_t M, int64_t K);

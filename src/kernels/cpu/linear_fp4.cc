@@ -412,6 +412,9 @@ void RunFp4Call(QArgs& a) {
 #if HWY_TARGET == HWY_AVX2
   // The row that runs alone (MT = 1: M = 1, or the last row when
   // M % kMicroMT == 1) takes the table GEMV; its tables are built once here.
+  // The tables keep the upper 16 bits of each product, which is exact only
+  // because a.q holds QuantizeActRows' output (E4M3 values × 2^119, or
+  // NaN/Inf); a caller with other activations must not set a.pt.
   if (a.M < kBlockGemmMinM && a.M % kMicroMT == 1) {
     ActBuffers& buf = ThreadActBuffers();
     if (static_cast<int64_t>(buf.pt.size()) < 32 * a.K) buf.pt.resize(32 * a.K);
