@@ -152,8 +152,9 @@ HWY_INLINE void Fp4Gemv(const QArgs& a, const uint8_t* wt, const uint8_t* st, in
 // BF16 value: per column the 16 possible products are two 16-byte tables
 // (the product's bits 23..16 and 31..24), and vpshufb looks up 32 rows'
 // bytes at once. Per 32 weights: two vpshufb, two byte unpacks (BF16 words),
-// four word unpacks with zero (the FP32 products, exactly the values the
-// multiply gives) and four adds; the packed tile's dwords (8 columns of one
+// two shifts and two ands (the FP32 products, exactly the values the
+// multiply gives: a dword's low word shifted up, its high word masked, on
+// more ports than word unpacks) and four adds; the packed tile's dwords (8 columns of one
 // row) are first transposed into 32 rows × one column pair (four vpshufb and
 // eight unpacks per 256 weights). Each lane still adds its row's products in
 // increasing k. Measured (Zen 5, one thread, 512×1024 in L2): 15 → 23-24
@@ -191,7 +192,7 @@ template <int H>
 HWY_INLINE void Fp4GemvTables(const QArgs& a, const uint8_t* wt, const uint8_t* st, int64_t roff, int64_t m0,
                               int64_t n0) {
   const __m256i lo4 = _mm256_set1_epi8(0x0F);
-  const __m256i zero = _mm256_setzero_si256();
+  const __m256i hword = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   // Per 128-bit lane (4 rows × 4 bytes): byte c of each row's dword together.
   const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13,
                                       2, 6, 10, 14, 3, 7, 11, 15);
@@ -239,16 +240,24 @@ HWY_INLINE void Fp4GemvTables(const QArgs& a, const uint8_t* wt, const uint8_t* 
             const __m256i idx =
                 h == 0 ? _mm256_and_si256(b[hh][c], lo4) : _mm256_and_si256(_mm256_srli_epi16(b[hh][c], 4), lo4);
             const __m256i lo = _mm256_shuffle_epi8(tlo, idx), hi = _mm256_shuffle_epi8(thi, idx);
-            // BF16 words, then FP32: the unpacks put rows 32hh+8v..+7 in part[4hh+v]'s lanes in order.
+            // BF16 words, then FP32: a dword's low word shifted up (part[4hh+0|2]) and its high
+            // word masked (part[4hh+1|3]); the lanes are put back in row order at the group end.
             const __m256i w0 = _mm256_unpacklo_epi8(lo, hi), w1 = _mm256_unpackhi_epi8(lo, hi);
             __m256* p = part + 4 * hh;
-            p[0] = _mm256_add_ps(p[0], _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, w0)));
-            p[1] = _mm256_add_ps(p[1], _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, w0)));
-            p[2] = _mm256_add_ps(p[2], _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, w1)));
-            p[3] = _mm256_add_ps(p[3], _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, w1)));
+            p[0] = _mm256_add_ps(p[0], _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)));
+            p[1] = _mm256_add_ps(p[1], _mm256_castsi256_ps(_mm256_and_si256(w0, hword)));
+            p[2] = _mm256_add_ps(p[2], _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)));
+            p[3] = _mm256_add_ps(p[3], _mm256_castsi256_ps(_mm256_and_si256(w1, hword)));
           }
         }
       }
+    }
+    // part[4hh+2u] holds the even and part[4hh+2u+1] the odd of the 16 rows
+    // 32hh+16u..; interleaved, they are rows 32hh+16u..+7 and +8..+15 in order.
+    for (int v = 0; v < 4 * H; v += 2) {
+      const __m256 ev = part[v], od = part[v + 1];
+      part[v] = _mm256_unpacklo_ps(ev, od);
+      part[v + 1] = _mm256_unpackhi_ps(ev, od);
     }
     const __m256 s = _mm256_set1_ps(sa[(g * 32) / a.ab]);
     const uint8_t* sg = st + g * kTileRows + roff;
