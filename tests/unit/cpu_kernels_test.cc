@@ -344,9 +344,11 @@ TEST(CpuKernels, LinearBf16AndHeadBitIdentical) {
 // these to the multiply-then-add path; same bits as the reference.
 TEST(CpuKernels, LinearBf16ExtremeRangesBitIdentical) {
   ForEachTarget([&] {
-    const int64_t M = 20, N = 70, K = 96;
-    for (int c = 0; c < 3; ++c) {
-      const float lo = c == 0 ? -128.0f : (c == 1 ? 110.0f : -20.0f), hi = c == 0 ? -110.0f : (c == 1 ? 127.0f : 20.0f);
+    const int64_t N = 70, K = 96;
+    for (int c = 0; c < 6; ++c) {
+      const int64_t M = c < 3 ? 20 : 130;  // 130: the AVX2 BF16 block GEMM
+      const int e = c % 3;
+      const float lo = e == 0 ? -128.0f : (e == 1 ? 110.0f : -20.0f), hi = e == 0 ? -110.0f : (e == 1 ? 127.0f : 20.0f);
       const std::vector<uint16_t> w = RandomBf16(N * K, 900 + c);
       std::vector<float> x = RandomActs(M * K, 910 + c, lo, hi);
       const ref::Bf16Weight view{w.data(), N, K};
@@ -361,7 +363,7 @@ TEST(CpuKernels, LinearBf16ExtremeRangesBitIdentical) {
 
 TEST(CpuKernels, GroupedLinearBf16BitIdentical) {
   ForEachTarget([&] {
-    for (int64_t M : {1, 3, 9}) {
+    for (int64_t M : {1, 3, 9, 20, 130}) {  // 130: the AVX2 BF16 block GEMM (two m-chunks)
       const int groups = 4;
       const int64_t R = 64, Kg = 96;
       const std::vector<uint16_t> w = RandomBf16(groups * R * Kg, 400 + M);

@@ -168,6 +168,27 @@ static_assert(96 % kBlockMT == 0, "packed activation groups must not straddle an
 // them). The micro-tile's broadcasts then walk one contiguous stream per
 // group instead of kBlockMT rows K floats apart (with K = 5120 those rows
 // all fall into one L1 set).
+// PackActGroupsPairs: the same over rows of `ld` floats, with column k of
+// each `seg`-column segment taken from column Bf16PairColumn(k) (the BF16
+// linears' pair order; identity when !pairs).
+HWY_INLINE int64_t Bf16PairColumn(int64_t k, int64_t seg, bool pairs) {
+  if (!pairs) return k;
+  const int64_t base = k - k % seg, j = k - base;
+  return (j ^ 1) < seg ? base + (j ^ 1) : k;
+}
+HWY_INLINE void PackActGroupsPairs(const float* HWY_RESTRICT q, int64_t M, int64_t ld, int64_t seg, bool pairs,
+                                   float* HWY_RESTRICT out) {
+  constexpr int64_t R = kBlockMT;
+  for (int64_t g = 0; g * R < M; ++g) {
+    const int64_t rows = std::min<int64_t>(R, M - g * R);
+    const float* src = q + g * R * ld;
+    float* dst = out + g * R * ld;
+    for (int64_t k = 0; k < ld; ++k) {
+      const int64_t ks = Bf16PairColumn(k, seg, pairs);
+      for (int64_t i = 0; i < rows; ++i) dst[k * R + i] = src[i * ld + ks];
+    }
+  }
+}
 HWY_INLINE void PackActGroups(const float* HWY_RESTRICT q, int64_t M, int64_t K, float* HWY_RESTRICT out) {
   constexpr int64_t R = kBlockMT;
   for (int64_t g = 0; g * R < M; ++g) {
@@ -212,7 +233,7 @@ HWY_INLINE void RunLinearCall(QArgs& a, Fn* run) {
 
 // The k loop of BlockMicro: KLEN columns (a compile-time 32 for the V4.1
 // block, 0 = klen at run time).
-template <int V, int MT, int MTS, int KLEN>
+template <int V, int MT, int MTS, int KLEN, bool kFma = true>
 HWY_INLINE void BlockMicroK(VF (&part)[MT][V], const float* HWY_RESTRICT w, int64_t klen,
                             const float* HWY_RESTRICT q) {
   const DF df;
@@ -227,7 +248,13 @@ HWY_INLINE void BlockMicroK(VF (&part)[MT][V], const float* HWY_RESTRICT w, int6
     for (int m = 0; m < MT; ++m) {
       const VF qb = hn::Set(df, q[k * MTS + m]);
       HWY_UNROLL(8)
-      for (int v = 0; v < V; ++v) part[m][v] = hn::MulAdd(qb, wv[v], part[m][v]);
+      for (int v = 0; v < V; ++v) {
+        if constexpr (kFma) {
+          part[m][v] = hn::MulAdd(qb, wv[v], part[m][v]);
+        } else {
+          part[m][v] = hn::Add(part[m][v], hn::Mul(qb, wv[v]));
+        }
+      }
     }
   }
 }
@@ -239,12 +266,39 @@ HWY_INLINE void BlockMicroK(VF (&part)[MT][V], const float* HWY_RESTRICT w, int6
 // acc = acc + (partial·s_act)·s_w as the reference's block step.
 // Each lane's partial sum walks k in increasing order with FMAs (exact
 // products: linear_common.h).
-template <int V, int MT, int MTS>
+//
+// Unscaled mode (the BF16 GEMM: no block scales): the partial sums are the
+// running sums themselves; they are loaded from acc, continued over the
+// block's columns and stored back, so each lane still adds all K products
+// in one sequence. kFma false: multiply, then add (products not known to
+// be exact).
+enum class BlockMode { kScaled, kUnscaledFma, kUnscaledMulAdd };
+
+template <int V, int MT, int MTS, BlockMode kMode = BlockMode::kScaled>
 HWY_INLINE void BlockMicro(const float* HWY_RESTRICT w, int64_t klen, const float* HWY_RESTRICT sw,
                            const float* HWY_RESTRICT q, const float* HWY_RESTRICT sa, int64_t lds,
                            float* HWY_RESTRICT acc) {
   const DF df;
   VF part[MT][V];
+  if constexpr (kMode != BlockMode::kScaled) {
+    HWY_UNROLL(8)
+    for (int m = 0; m < MT; ++m) {
+      HWY_UNROLL(8)
+      for (int v = 0; v < V; ++v) part[m][v] = hn::LoadU(df, acc + m * kTileRows + v * kLanes);
+    }
+    constexpr bool kFma = kMode == BlockMode::kUnscaledFma;
+    if (klen == 32) {
+      BlockMicroK<V, MT, MTS, 32, kFma>(part, w, klen, q);
+    } else {
+      BlockMicroK<V, MT, MTS, 0, kFma>(part, w, klen, q);
+    }
+    HWY_UNROLL(8)
+    for (int m = 0; m < MT; ++m) {
+      HWY_UNROLL(8)
+      for (int v = 0; v < V; ++v) hn::StoreU(part[m][v], df, acc + m * kTileRows + v * kLanes);
+    }
+    return;
+  }
   HWY_UNROLL(8)
   for (int m = 0; m < MT; ++m) {
     HWY_UNROLL(8)
@@ -275,8 +329,15 @@ HWY_INLINE void BlockMicro(const float* HWY_RESTRICT w, int64_t klen, const floa
 // in L1 for the 64/(V·kLanes) micro columns). a.q holds the activations
 // packed by PackActGroups. The activation scale of block b is
 // sa[m·(K/ab) + b·klen/ab]. Output rounded to BF16.
-template <int V, int MT, typename Conv>
-HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int64_t klen, Conv&& conv) {
+//
+// Unscaled modes (the BF16 GEMM, linear_bf16.cc): conv(tile, block, w, sw)
+// leaves sw alone, the last block may be shorter than klen (K % klen
+// columns), the packed activations have row stride a.ldq (PackActGroups
+// over ldq-wide rows) and column offset x_off(tile) (grouped wo_a), and the
+// output is rounded as a.round says.
+template <int V, int MT, BlockMode kMode = BlockMode::kScaled, typename Conv, typename XOff>
+HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int64_t klen, Conv&& conv,
+                              XOff&& x_off) {
   constexpr int64_t kRows = V * static_cast<int64_t>(kLanes);
   static_assert(kTileRows % kRows == 0, "block micro-tile rows must divide the tile");
   static_assert(MT == kBlockMT, "activations are packed in groups of kBlockMT rows");
@@ -285,7 +346,10 @@ HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int6
   float* HWY_RESTRICT wbuf = s.w.get();
   float* HWY_RESTRICT swbuf = s.sw.get();
   float* HWY_RESTRICT acc = s.acc.get();
-  const int64_t kblocks = a.K / a.ab, nblocks = a.K / klen;
+  constexpr bool kScaled = kMode == BlockMode::kScaled;
+  const int64_t kblocks = kScaled ? a.K / a.ab : 0;
+  const int64_t nblocks = kScaled ? a.K / klen : (a.K + klen - 1) / klen;
+  const int64_t ldp = kScaled ? a.K : a.ldq;  // packed activations: row stride
   for (int64_t it = item0; it < item1; ++it) {
     const int64_t tile = it / a.mchunks, mc = it % a.mchunks;
     const int64_t m_begin = mc * a.mchunk, m_end = std::min(a.M, m_begin + a.mchunk);
@@ -293,12 +357,14 @@ HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int6
     const int64_t rows_left = a.N - tile * kTileRows;
     const int vcols = static_cast<int>(std::min<int64_t>(kTileRows, rows_left) + kRows - 1) / static_cast<int>(kRows);
     std::fill(acc, acc + (m_end - m_begin) * kTileRows, 0.0f);
+    const int64_t xo = x_off(tile);
     for (int64_t b = 0; b < nblocks; ++b) {
       conv(tile, b, wbuf, swbuf);
-      const int64_t k0 = b * klen, kb = k0 / a.ab;
+      const int64_t k0 = b * klen, kb = kScaled ? k0 / a.ab : 0;
+      const int64_t kl = std::min(klen, a.K - k0);
       for (int64_t m0 = m_begin; m0 < m_end; m0 += MT) {
         const int rem = static_cast<int>(std::min<int64_t>(MT, m_end - m0));
-        const float* qg = a.q + m0 * a.K + k0 * MT;  // group m0/MT, column k0
+        const float* qg = a.q + m0 * ldp + (xo + k0) * MT;  // group m0/MT, column xo + k0
         for (int c = 0; c < vcols; ++c) {
           const int64_t roff = c * kRows;
           const int64_t rows_here = std::min<int64_t>(kRows, rows_left - roff);
@@ -306,16 +372,21 @@ HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int6
               static_cast<int>((rows_here + static_cast<int64_t>(kLanes) - 1) / static_cast<int64_t>(kLanes));
           WithVMT<V, MT>(vt, rem, [&](auto v, auto mt) {
             constexpr int kV = decltype(v)::value, kMT = decltype(mt)::value;
-            BlockMicro<kV, kMT, MT>(wbuf + roff, klen, swbuf + roff, qg, a.sa + m0 * kblocks + kb, kblocks,
-                                    acc + (m0 - m_begin) * kTileRows + roff);
+            BlockMicro<kV, kMT, MT, kMode>(wbuf + roff, kl, swbuf + roff, qg,
+                                           kScaled ? a.sa + m0 * kblocks + kb : nullptr, kblocks,
+                                           acc + (m0 - m_begin) * kTileRows + roff);
           });
         }
       }
     }
     for (int64_t m = m_begin; m < m_end; ++m)
       StoreRows<static_cast<int>(kTileRows / kLanes), 1>(acc + (m - m_begin) * kTileRows, a, m, tile * kTileRows,
-                                                          /*round=*/true);
+                                                          /*round=*/kScaled || a.round);
   }
+}
+template <int V, int MT, typename Conv>
+HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int64_t klen, Conv&& conv) {
+  RunBlockItems<V, MT, BlockMode::kScaled>(a, item0, item1, klen, conv, [](int64_t) { return int64_t{0}; });
 }
 
 }  // namespace HWY_NAMESPACE
