@@ -339,6 +339,39 @@ TEST(CpuKernels, LinearBf16AndHeadBitIdentical) {
   });
 }
 
+// Prefill-sized BF16 GEMMs: on AVX2 the block path (linear_bf16.cc
+// Bf16BlockPath) with FMAs (BF16 activations) from 512 rows, multiply-then-add
+// (FP32 activations) from 64; odd K (a short last block, a lone last column
+// in the pair order), several m-chunks.
+TEST(CpuKernels, LinearBf16BlockGemmBitIdentical) {
+  ForEachTarget([&] {
+    uint64_t seed = 700;
+    for (const int64_t M : {64, 515}) {
+      for (const int64_t K : {64, 67, 131}) {
+        const int64_t N = 70;
+        seed += 7;
+        const std::vector<uint16_t> w = RandomBf16(N * K, seed);
+        const std::vector<float> x = RandomActs(M * K, seed + 1, -8.0f, 3.0f);
+        const ref::Bf16Weight view{w.data(), N, K};
+        const PackedBf16 p = PackBf16(view);
+        std::vector<float> want(M * N), got(M * N, -1.0f);
+        ref::LinearBf16(x.data(), M, view, want.data());
+        LinearBf16(x.data(), M, p, got.data());
+        EXPECT_TRUE(SameBits(got, want)) << "LinearBf16 M=" << M << " K=" << K;
+        LinearBf16(x.data(), M, p, got.data(), /*pairs=*/true);
+        EXPECT_TRUE(SameBits(got, RefBf16Pairs(x, M, w, N, K, K, 0, 0))) << "pairs M=" << M << " K=" << K;
+        std::vector<float> xf(M * K);
+        std::mt19937_64 rng(seed + 2);
+        std::normal_distribution<float> nd(0.0f, 3.0f);
+        for (auto& v : xf) v = nd(rng);
+        ref::LinearF32Bf16W(xf.data(), M, view, want.data());
+        LinearF32Bf16W(xf.data(), M, p, got.data());
+        EXPECT_TRUE(SameBits(got, want)) << "LinearF32Bf16W M=" << M << " K=" << K;
+      }
+    }
+  });
+}
+
 // BF16 GEMM with products that underflow (activations near 2^-126) or come
 // near overflow: the FMA guard (linear_common.h Bf16FmaExact) must send
 // these to the multiply-then-add path; same bits as the reference.
@@ -346,7 +379,7 @@ TEST(CpuKernels, LinearBf16ExtremeRangesBitIdentical) {
   ForEachTarget([&] {
     const int64_t N = 70, K = 96;
     for (int c = 0; c < 6; ++c) {
-      const int64_t M = c < 3 ? 20 : 130;  // 130: the AVX2 BF16 block GEMM
+      const int64_t M = c < 3 ? 20 : 130;  // 130: the AVX2 BF16 block GEMM (multiply, then add)
       const int e = c % 3;
       const float lo = e == 0 ? -128.0f : (e == 1 ? 110.0f : -20.0f), hi = e == 0 ? -110.0f : (e == 1 ? 127.0f : 20.0f);
       const std::vector<uint16_t> w = RandomBf16(N * K, 900 + c);
@@ -363,7 +396,7 @@ TEST(CpuKernels, LinearBf16ExtremeRangesBitIdentical) {
 
 TEST(CpuKernels, GroupedLinearBf16BitIdentical) {
   ForEachTarget([&] {
-    for (int64_t M : {1, 3, 9, 20, 130}) {  // 130: the AVX2 BF16 block GEMM (two m-chunks)
+    for (int64_t M : {1, 3, 9, 20, 130, 515}) {  // 130 (no FMAs: random inputs), 515: the AVX2 BF16 block GEMM
       const int groups = 4;
       const int64_t R = 64, Kg = 96;
       const std::vector<uint16_t> w = RandomBf16(groups * R * Kg, 400 + M);

@@ -183,9 +183,18 @@ HWY_INLINE void PackActGroupsPairs(const float* HWY_RESTRICT q, int64_t M, int64
     const int64_t rows = std::min<int64_t>(R, M - g * R);
     const float* src = q + g * R * ld;
     float* dst = out + g * R * ld;
-    for (int64_t k = 0; k < ld; ++k) {
-      const int64_t ks = Bf16PairColumn(k, seg, pairs);
-      for (int64_t i = 0; i < rows; ++i) dst[k * R + i] = src[i * ld + ks];
+    for (int64_t s0 = 0; s0 < ld; s0 += seg) {
+      const int64_t n = std::min(seg, ld - s0);
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t ks = s0 + (pairs && (j ^ 1) < n ? (j ^ 1) : j);
+        float* d = dst + (s0 + j) * R;
+        if (rows == R) {
+          HWY_UNROLL(8)
+          for (int64_t i = 0; i < R; ++i) d[i] = src[i * ld + ks];
+        } else {
+          for (int64_t i = 0; i < rows; ++i) d[i] = src[i * ld + ks];
+        }
+      }
     }
   }
 }

@@ -24,14 +24,17 @@ HWY_BEFORE_NAMESPACE();
 namespace deepinfer::cpu {
 namespace HWY_NAMESPACE {
 
-// The AVX2 BF16 GEMM (RunBf16Items): columns per converted block, and the
-// rows from which it takes the block path. Measured (Zen 5, AVX2, N = 2304,
-// K = 5120, one thread): the micro-tile below is as fast from 96 to 512
-// rows and 15-30% faster at 16-64 (no packing, no conversion pass); at
-// 1024 rows the block path is 12-20% faster (the micro-tile streams the
-// tile's 640 KB of weights once per 3 rows: L2-sized).
+// The AVX2 BF16 GEMM (RunBf16Items): columns per converted block, and when
+// it takes the block path. Measured (Zen 5, AVX2, N = 2304, K = 5120, 2
+// threads, interleaved with the micro-tile build): with FMAs the micro-tile
+// is 5-30% faster below 128 rows and as fast up to 512; at 1024 the block
+// path is 5-12% faster (the micro-tile streams the tile's 640 KB of weights
+// once per 3 rows: L2-sized). Multiply-then-add: the block path is 30-50%
+// faster from 64 rows (76-98 -> 102-145 GFLOP/s) and 10% slower at 16.
 inline constexpr int64_t kBf16BlockK = 32;
-inline constexpr int64_t kBf16BlockMinM = 128;
+HWY_INLINE bool Bf16BlockPath(const QArgs& a) {
+  return kUseBlockGemm && a.wf == nullptr && a.M >= (a.fma ? 512 : 64);
+}
 
 HWY_INLINE VF LoadW(const float* p) { return hn::LoadU(DF(), p); }
 
@@ -99,7 +102,7 @@ HWY_INLINE void Bf16Micro(const QArgs& a, const WT* wt, int64_t R, const float* 
 
 void RunBf16Items(const QArgs& a, int64_t item0, int64_t item1) {
   if constexpr (kUseBlockGemm) {
-    if (a.M >= kBf16BlockMinM && a.wf == nullptr) {
+    if (Bf16BlockPath(a)) {
       // Prefill (AVX2): the block GEMM of the quantised linears without
       // scales. Each (tile, 32-column block) is widened to FP32 once for the
       // m-chunk, in the pair order when a.pairs (a.q was packed by
@@ -160,7 +163,7 @@ void RunBf16Items(const QArgs& a, int64_t item0, int64_t item1) {
 // (hwy_util-inl.h PackActGroupsPairs, on the caller's thread).
 void RunBf16Call(QArgs& a) {
   if constexpr (kUseBlockGemm) {
-    if (a.M >= kBf16BlockMinM && a.wf == nullptr) {
+    if (Bf16BlockPath(a)) {
       float* packed = PackedActBuffer(a.M, a.ldq);
       PackActGroupsPairs(a.q, a.M, a.ldq, a.K, a.pairs, packed);
       a.q = packed;
