@@ -202,10 +202,17 @@ class RegexParser {
           return false;
         }
         BadHere("word boundaries (\\b) are not supported");
-      case 'B': BadHere("\\B is not supported");
+        [[fallthrough]];  // not reached: BadHere throws (g++ 12 still warns without this)
+      case 'B':
+        BadHere("\\B is not supported");
+        [[fallthrough]];  // not reached
       case 'p':
-      case 'P': BadHere("Unicode property classes (\\p{...}) are not supported");
-      case 'k': BadHere("named backreferences are not supported");
+      case 'P':
+        BadHere("Unicode property classes (\\p{...}) are not supported");
+        [[fallthrough]];  // not reached
+      case 'k':
+        BadHere("named backreferences are not supported");
+        [[fallthrough]];  // not reached
       default:
         if (c >= '1' && c <= '9') BadHere("backreferences are not supported");
         if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) BadHere(fmt::format("unknown escape \\{}", char(c)));

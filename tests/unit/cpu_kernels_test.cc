@@ -410,6 +410,22 @@ TEST(CpuKernels, GroupedLinearBf16BitIdentical) {
       GroupedLinearBf16(o.data(), M, groups, p, got.data(), /*pairs=*/true);
       EXPECT_TRUE(SameBits(got, RefBf16Pairs(o, M, w, groups * R, Kg, groups * Kg, Kg, R))) << "pairs M=" << M;
     }
+    // R = 32 (tiles would straddle groups: the scalar loops), odd Kg; a wide
+    // activation range so that the pair order changes some rounded outputs.
+    for (int64_t M : {1, 300}) {
+      const int groups = 4;
+      const int64_t R = 32, Kg = 97;
+      const std::vector<uint16_t> w = RandomBf16(groups * R * Kg, 450 + M);
+      const std::vector<float> o = RandomActs(M * groups * Kg, 550 + M, -10.0f, 14.0f);
+      const ref::Bf16Weight view{w.data(), groups * R, Kg};
+      const PackedBf16 p = PackBf16(view);
+      std::vector<float> want(M * groups * R), got(M * groups * R, -1.0f);
+      ref::GroupedLinearBf16(o.data(), M, groups, view, want.data());
+      GroupedLinearBf16(o.data(), M, groups, p, got.data());
+      EXPECT_TRUE(SameBits(got, want)) << "R=32 M=" << M;
+      GroupedLinearBf16(o.data(), M, groups, p, got.data(), /*pairs=*/true);
+      EXPECT_TRUE(SameBits(got, RefBf16Pairs(o, M, w, groups * R, Kg, groups * Kg, Kg, R))) << "R=32 pairs M=" << M;
+    }
   });
 }
 

@@ -239,7 +239,9 @@ TEST(Scheduler, RandomWorkloadsKeepInvariantsAndOutputs) {
     for (int64_t budget : {3, 16, 64}) {
       SimResult small = Simulate(Config(6, budget, 20, 4), seed, 40, false);
       EXPECT_EQ(small.outputs, big.outputs) << "seed " << seed << " budget " << budget;
-      if (budget == 64) EXPECT_GT(small.preemptions, 0) << "pool of 20 blocks should force preemption";
+      if (budget == 64) {
+        EXPECT_GT(small.preemptions, 0) << "pool of 20 blocks should force preemption";
+      }
     }
   }
 }

@@ -214,7 +214,9 @@ TEST(HttpHardening, SlowAndStalledClientsDoNotDelayOthers) {
   }
   EXPECT_EQ(ThreadCount(), threads_before + 1);  // the driver thread only
   // None closed before its timeout...
-  if (SecondsSince(t_start) < 2.5) EXPECT_EQ(f.server().http_counters().header_timeouts, 0);
+  if (SecondsSince(t_start) < 2.5) {
+    EXPECT_EQ(f.server().http_counters().header_timeouts, 0);
+  }
   // ... and all closed at it.
   EXPECT_TRUE(WaitFor(3.0 + 5.0, [&] { return f.server().http_counters().header_timeouts >= kSlow + kStalled; }))
       << f.server().http_counters().header_timeouts;

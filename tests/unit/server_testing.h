@@ -150,14 +150,14 @@ std::unique_ptr<Engine> OpenFake() {
 }
 
 // A fake model that takes `ms` per step.
-EngineFactory SlowFake(int ms) {
+[[maybe_unused]] EngineFactory SlowFake(int ms) {
   return [ms] {
     return Engine::OpenWithBackend(FakeArgs(), std::make_unique<FakeBackend>(std::chrono::milliseconds(ms)),
                                    std::make_unique<Tokenizer>(Tokenizer::Load(TokenizerDir())));
   };
 }
 
-ModelInfo Info() {
+[[maybe_unused]] ModelInfo Info() {
   ModelInfo m;
   m.served_model_names = {"tiny"};
   m.tokenizer = &SharedTokenizer();
@@ -233,7 +233,7 @@ json PostJson(http_testing::TestClient& c, const char* path, const std::string& 
 // Opens a raw connection, sends a streaming completion request and reads until
 // the first event has arrived; returns the socket (-1 on failure) and the bytes
 // read so far in *got.
-int OpenStream(int port, const std::string& body, std::string* got) {
+[[maybe_unused]] int OpenStream(int port, const std::string& body, std::string* got) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
   sockaddr_in a{};

@@ -175,7 +175,9 @@ TEST(V4Ops, FastIndexerScoresBitIdenticalToScalar) {
           EXPECT_EQ(a[n], 7.0f);  // nothing past n written
           int positive = 0;
           for (int64_t j = 0; j < n; ++j) positive += a[j] != 0.0f;
-          if (n >= 5) EXPECT_GT(positive, 0) << "nh " << nh << " D " << D << " n " << n;
+          if (n >= 5) {
+            EXPECT_GT(positive, 0) << "nh " << nh << " D " << D << " n " << n;
+          }
         }
       }
     }

@@ -153,7 +153,8 @@ void LinearF32Bf16W(const float* x, int64_t M, const PackedBf16& w, float* y);
 // ref::LinearF32.
 void LinearF32(const float* x, int64_t M, const PackedF32& w, float* y);
 // Grouped BF16 `wo_a` (as ref::GroupedLinearBf16): wa.out = groups·R; when R
-// is not a multiple of 64 the scalar path is used.
+// is not a multiple of 64 a scalar loop (ref::GroupedLinearBf16, or in the
+// pair order when `pairs`) is used.
 void GroupedLinearBf16(const float* o, int64_t M, int groups, const PackedBf16& wa, float* z,
                        bool pairs = false);
 

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 
+#include "format/numerics.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/hwy_util-inl.h"
 #include "kernels/cpu/linear_common.h"
@@ -181,6 +182,33 @@ namespace deepinfer::cpu {
 HWY_EXPORT(RunBf16Call);
 
 namespace {
+// One output of a BF16 linear in the pair order (k+1 added before k inside
+// each pair, a lone last k last), FP32 accumulation, BF16 weights widened.
+// Not vectorised: g++ 12.2 at -O2 vectorises this two-statement reduction
+// chain and reassociates it (docs/kernels.md).
+__attribute__((optimize("no-tree-vectorize"))) float DotPairsScalar(const float* x, const uint16_t* w, int64_t K) {
+  float acc = 0.0f;
+  int64_t k = 0;
+  for (; k + 1 < K; k += 2) {
+    acc = acc + x[k + 1] * Bf16ToFloat(w[k + 1]);
+    acc = acc + x[k] * Bf16ToFloat(w[k]);
+  }
+  if (k < K) acc = acc + x[k] * Bf16ToFloat(w[k]);
+  return acc;
+}
+
+// GroupedLinearBf16 in the pair order when R % 64 != 0 (no packed tiles):
+// z[m, g·R + r] = bf16(pairs dot of o[m, g·K ..] and wa row g·R + r).
+void GroupedLinearBf16PairsScalar(const float* o, int64_t M, int groups, const ref::Bf16Weight& wa, float* z) {
+  const int64_t R = wa.out / groups, K = wa.in;
+  for (int64_t m = 0; m < M; ++m)
+    for (int g = 0; g < groups; ++g)
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t n = g * R + r;
+        z[m * wa.out + n] = RoundBf16(DotPairsScalar(o + m * groups * K + g * K, wa.w + n * K, K));
+      }
+}
+
 void RunBf16(const float* x, int64_t M, const PackedBf16& w, float* y, bool pairs, bool round, int64_t ldq,
              int64_t group_rows, int64_t group_in) {
   QArgs a;
@@ -241,9 +269,13 @@ void GroupedLinearBf16(const float* o, int64_t M, int groups, const PackedBf16& 
   if (M <= 0) return;
   const int64_t R = wa.src.out / groups;
   if (R % kTileRows != 0) {
-    // A tile would straddle two groups: keep the reference's loop. (It
-    // reproduces the sequential order; the pair order is ref-only here.)
-    ref::GroupedLinearBf16(o, M, groups, wa.src, z);
+    // A tile would straddle two groups: the reference's loop (sequential
+    // order), or the scalar pair-order loop below.
+    if (!pairs) {
+      ref::GroupedLinearBf16(o, M, groups, wa.src, z);
+    } else {
+      GroupedLinearBf16PairsScalar(o, M, groups, wa.src, z);
+    }
     return;
   }
   RunBf16(o, M, wa, z, pairs, /*round=*/true, wa.src.in * groups, R, wa.src.in);

@@ -132,7 +132,7 @@ class Binder {
     std::memcpy(v.data(), t.data, v.size() * 2);
     return v;
   }
-  Bf16 Bf16W(const std::string& name, int64_t out, int64_t in) { return {Bf16Vec(name, {out, in}), out, in}; }
+  Bf16 Bf16W(const std::string& name, int64_t out, int64_t in) { return {Bf16Vec(name, {out, in}), out, in, {}}; }
   std::vector<float> F32(const std::string& name, const std::vector<int64_t>& shape) {
     const TensorView& t = Get(name, DType::kF32, shape);
     std::vector<float> v(static_cast<size_t>(t.numel()));
