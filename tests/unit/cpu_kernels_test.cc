@@ -394,38 +394,31 @@ TEST(CpuKernels, LinearBf16ExtremeRangesBitIdentical) {
   });
 }
 
+// One grouped wo_a check (4 groups of R rows, Kg inputs each): the
+// sequential order against ref::GroupedLinearBf16, the pair order against
+// RefBf16Pairs.
+void CheckGrouped(int64_t M, int64_t R, int64_t Kg, uint64_t seed, float lo, float hi) {
+  const int groups = 4;
+  const std::vector<uint16_t> w = RandomBf16(groups * R * Kg, seed);
+  const std::vector<float> o = RandomActs(M * groups * Kg, seed + 100, lo, hi);
+  const ref::Bf16Weight view{w.data(), groups * R, Kg};
+  const PackedBf16 p = PackBf16(view);
+  std::vector<float> want(M * groups * R), got(M * groups * R, -1.0f);
+  ref::GroupedLinearBf16(o.data(), M, groups, view, want.data());
+  GroupedLinearBf16(o.data(), M, groups, p, got.data());
+  EXPECT_TRUE(SameBits(got, want)) << "R=" << R << " M=" << M;
+  GroupedLinearBf16(o.data(), M, groups, p, got.data(), /*pairs=*/true);
+  EXPECT_TRUE(SameBits(got, RefBf16Pairs(o, M, w, groups * R, Kg, groups * Kg, Kg, R)))
+      << "R=" << R << " pairs M=" << M;
+}
+
 TEST(CpuKernels, GroupedLinearBf16BitIdentical) {
   ForEachTarget([&] {
-    for (int64_t M : {1, 3, 9, 20, 130, 515}) {  // 130 (no FMAs: random inputs), 515: the AVX2 BF16 block GEMM
-      const int groups = 4;
-      const int64_t R = 64, Kg = 96;
-      const std::vector<uint16_t> w = RandomBf16(groups * R * Kg, 400 + M);
-      const std::vector<float> o = RandomActs(M * groups * Kg, 500 + M, -6.0f, 3.0f);
-      const ref::Bf16Weight view{w.data(), groups * R, Kg};
-      const PackedBf16 p = PackBf16(view);
-      std::vector<float> want(M * groups * R), got(M * groups * R, -1.0f);
-      ref::GroupedLinearBf16(o.data(), M, groups, view, want.data());
-      GroupedLinearBf16(o.data(), M, groups, p, got.data());
-      EXPECT_TRUE(SameBits(got, want)) << "M=" << M;
-      GroupedLinearBf16(o.data(), M, groups, p, got.data(), /*pairs=*/true);
-      EXPECT_TRUE(SameBits(got, RefBf16Pairs(o, M, w, groups * R, Kg, groups * Kg, Kg, R))) << "pairs M=" << M;
-    }
+    // 130 (no FMAs: random inputs), 515: the AVX2 BF16 block GEMM.
+    for (int64_t M : {1, 3, 9, 20, 130, 515}) CheckGrouped(M, 64, 96, 400 + M, -6.0f, 3.0f);
     // R = 32 (tiles would straddle groups: the scalar loops), odd Kg; a wide
     // activation range so that the pair order changes some rounded outputs.
-    for (int64_t M : {1, 300}) {
-      const int groups = 4;
-      const int64_t R = 32, Kg = 97;
-      const std::vector<uint16_t> w = RandomBf16(groups * R * Kg, 450 + M);
-      const std::vector<float> o = RandomActs(M * groups * Kg, 550 + M, -10.0f, 14.0f);
-      const ref::Bf16Weight view{w.data(), groups * R, Kg};
-      const PackedBf16 p = PackBf16(view);
-      std::vector<float> want(M * groups * R), got(M * groups * R, -1.0f);
-      ref::GroupedLinearBf16(o.data(), M, groups, view, want.data());
-      GroupedLinearBf16(o.data(), M, groups, p, got.data());
-      EXPECT_TRUE(SameBits(got, want)) << "R=32 M=" << M;
-      GroupedLinearBf16(o.data(), M, groups, p, got.data(), /*pairs=*/true);
-      EXPECT_TRUE(SameBits(got, RefBf16Pairs(o, M, w, groups * R, Kg, groups * Kg, Kg, R))) << "R=32 pairs M=" << M;
-    }
+    for (int64_t M : {1, 300}) CheckGrouped(M, 32, 97, 450 + M, -10.0f, 14.0f);
   });
 }
 
