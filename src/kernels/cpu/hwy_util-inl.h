@@ -170,11 +170,15 @@ static_assert(96 % kBlockMT == 0, "packed activation groups must not straddle an
 // all fall into one L1 set).
 // PackActGroupsPairs: the same over rows of `ld` floats, with column k of
 // each `seg`-column segment taken from column Bf16PairColumn(k) (the BF16
-// linears' pair order; identity when !pairs).
+// linears' pair order; identity when !pairs). PackActGroups is the plain case.
+//
+// Pair order within a segment of n columns: column j holds j's partner j ^ 1
+// (a lone last column keeps its own).
+HWY_INLINE int64_t PairPartner(int64_t j, int64_t n, bool pairs) { return pairs && (j ^ 1) < n ? (j ^ 1) : j; }
 HWY_INLINE int64_t Bf16PairColumn(int64_t k, int64_t seg, bool pairs) {
   if (!pairs) return k;
-  const int64_t base = k - k % seg, j = k - base;
-  return (j ^ 1) < seg ? base + (j ^ 1) : k;
+  const int64_t base = k - k % seg;
+  return base + PairPartner(k - base, seg, pairs);
 }
 HWY_INLINE void PackActGroupsPairs(const float* HWY_RESTRICT q, int64_t M, int64_t ld, int64_t seg, bool pairs,
                                    float* HWY_RESTRICT out) {
@@ -186,7 +190,7 @@ HWY_INLINE void PackActGroupsPairs(const float* HWY_RESTRICT q, int64_t M, int64
     for (int64_t s0 = 0; s0 < ld; s0 += seg) {
       const int64_t n = std::min(seg, ld - s0);
       for (int64_t j = 0; j < n; ++j) {
-        const int64_t ks = s0 + (pairs && (j ^ 1) < n ? (j ^ 1) : j);
+        const int64_t ks = s0 + PairPartner(j, n, pairs);
         float* d = dst + (s0 + j) * R;
         if (rows == R) {
           HWY_UNROLL(8)
@@ -199,21 +203,7 @@ HWY_INLINE void PackActGroupsPairs(const float* HWY_RESTRICT q, int64_t M, int64
   }
 }
 HWY_INLINE void PackActGroups(const float* HWY_RESTRICT q, int64_t M, int64_t K, float* HWY_RESTRICT out) {
-  constexpr int64_t R = kBlockMT;
-  for (int64_t g = 0; g * R < M; ++g) {
-    const int64_t rows = std::min<int64_t>(R, M - g * R);
-    const float* src = q + g * R * K;
-    float* dst = out + g * R * K;
-    if (rows == R) {
-      for (int64_t k = 0; k < K; ++k) {
-        HWY_UNROLL(8)
-        for (int64_t i = 0; i < R; ++i) dst[k * R + i] = src[i * K + k];
-      }
-    } else {
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t i = 0; i < rows; ++i) dst[k * R + i] = src[i * K + k];
-    }
-  }
+  PackActGroupsPairs(q, M, K, K, /*pairs=*/false, out);
 }
 // Per-thread buffer for PackActGroups (grows, never shrinks).
 HWY_INLINE float* PackedActBuffer(int64_t M, int64_t K) {
