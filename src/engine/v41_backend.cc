@@ -66,8 +66,8 @@ class DsparkDrafter : public ModelDrafter {
   int64_t hidden_width() const { return dspark_.hidden_width(); }
   void Draft(const std::vector<DraftSeq>& seqs, std::vector<DraftProposal>* out) override {
     const int64_t W = dspark_.hidden_width();
-    std::vector<v41::DsparkSeq> batch;
-    batch.reserve(seqs.size());
+    std::vector<v41::DsparkSeq>& batch = batch_;  // kept between steps, as the drafts (no allocation)
+    batch.clear();
     for (const DraftSeq& d : seqs) {
       if (d.forward_index < 0 || d.forward_index >= static_cast<int>(fwd_->size()))
         Fail(ErrorKind::kInternal, "DSpark drafter: forward_index {} outside the last Forward's {} sequences",
@@ -78,19 +78,22 @@ class DsparkDrafter : public ModelDrafter {
       const float* h = hidden_->data() + (*row0_)[static_cast<size_t>(d.forward_index)] * W;
       batch.push_back({h, d.kept, f.start_pos, d.state, d.max_drafts > 0 ? d.next_tokens[d.kept - 1] : -1});
     }
-    std::vector<v41::DsparkDraft> drafts;
-    dspark_.Run(batch, /*want_logits=*/false, &drafts);
-    out->assign(seqs.size(), {});
+    dspark_.Run(batch, /*want_logits=*/false, &drafts_);
+    out->resize(seqs.size());
     for (size_t i = 0; i < seqs.size(); ++i) {
+      DraftProposal& p = (*out)[i];
+      p.q.clear();
+      p.ids.clear();
       if (seqs[i].max_drafts < 1) continue;
-      std::vector<int32_t>& ids = drafts[i].ids;
-      if (static_cast<int>(ids.size()) > seqs[i].max_drafts) ids.resize(static_cast<size_t>(seqs[i].max_drafts));
-      (*out)[i].ids = std::move(ids);
+      const std::vector<int32_t>& ids = drafts_[i].ids;
+      p.ids.assign(ids.begin(), ids.begin() + std::min<int64_t>(static_cast<int64_t>(ids.size()), seqs[i].max_drafts));
     }
   }
 
  private:
   v41::Dspark dspark_;
+  std::vector<v41::DsparkSeq> batch_;
+  std::vector<v41::DsparkDraft> drafts_;
   const std::vector<float>* hidden_;
   const std::vector<BackendSeq>* fwd_;
   const std::vector<int64_t>* row0_;

@@ -1,7 +1,9 @@
 // The V4.1 step workspace (model/v41/workspace.h) and decode threading on the
 // tiny checkpoint:
 //  * a steady-state decode step makes no heap allocation (counted through the
-//    allocator hook of base/alloc_count.h over 100 steps);
+//    allocator hook of base/alloc_count.h over 100 steps), nor does a
+//    steady-state DSpark draft step (the main model's step capturing the
+//    drafter's hidden rows, then Dspark::Run seeding and drafting);
 //  * the reused workspace and a fresh one per call (the eager path) give the
 //    same bits over a mix of prefill, decode and batch sizes;
 //  * 1, 2 and 3 threads give the same bits, with every kernel forced to split
@@ -20,6 +22,7 @@
 #include "base/parallel.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "model/state.h"
+#include "model/v41/dspark.h"
 #include "model/v41/model.h"
 
 namespace deepinfer::v41 {
@@ -47,8 +50,8 @@ struct Batch {
   std::vector<std::vector<int32_t>> tables;
   std::vector<SequenceStateView> views;
   std::vector<int64_t> pos;
-  Batch(const V41Model& m, int B) {
-    geo = m.geometry(16);
+  Batch(const V41Model& m, int B, bool dspark_rings = false) {
+    geo = m.geometry(16, false, dspark_rings);
     const int64_t blocks = geo.BlocksForTokens(kMaxTokens);
     arena = std::make_unique<DenseStateArena>(geo, B, blocks * B);
     tables.resize(B);
@@ -199,6 +202,61 @@ TEST_F(V41StepPlan, SteadyStateDecodeMakesNoHeapAllocation) {
     }
     EXPECT_EQ(allocs, 0u) << "heap allocations over 100 steady-state decode steps";
     ASSERT_EQ(out.logits.size(), static_cast<size_t>(B * V));
+  }
+}
+
+// The drafter's step as the engine runs it (v41_backend.cc DsparkDrafter): a
+// decode step of the main model capturing the DSpark hidden rows, then one
+// Dspark::Run that seeds each sequence's rings with its new row and drafts a
+// block after it, with the caller's batch and drafts kept between steps.
+TEST_F(V41StepPlan, SteadyStateDsparkDraftStepMakesNoHeapAllocation) {
+  std::unique_ptr<V41Model> m = LoadTiny(/*reuse=*/true);
+  Dspark dspark(*m);
+  const int64_t V = m->config().vocab_size, W = dspark.hidden_width();
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    SetNumThreads(threads);
+    constexpr int B = 3;
+    Batch bt(*m, B, /*dspark_rings=*/true);
+    std::vector<std::vector<int32_t>> prompts = {Prompt(0, 30, V), Prompt(1, 9, V), Prompt(2, 17, V)};
+    Drive(*m, bt, {0, 1, 2}, 2, &prompts);
+    std::vector<float> hidden(static_cast<size_t>(B * W), 0.0f);
+    ForwardBatch b;
+    b.per_row_layout = true;
+    std::vector<int32_t> next(B, 1);
+    std::vector<DsparkSeq> ds(B);
+    for (int s = 0; s < B; ++s) {
+      ForwardSeq q;
+      q.tokens = &next[s];
+      q.len = 1;
+      q.state = bt.views[s];
+      q.dspark_hidden = hidden.data() + s * W;
+      b.seqs.push_back(q);
+      ds[s].main_hidden = hidden.data() + s * W;
+      ds[s].n = 1;
+      ds[s].state = bt.views[s];
+    }
+    ForwardOutput out;
+    std::vector<DsparkDraft> drafts;
+    auto step = [&] {
+      for (int s = 0; s < B; ++s) b.seqs[s].start_pos = ds[s].start_pos = bt.pos[s]++;
+      m->Forward(b, &out);
+      for (int s = 0; s < B; ++s) ds[s].input_token = next[s] = Argmax(out.logits.data() + s * V, V);
+      dspark.Run(ds, /*want_logits=*/false, &drafts);
+    };
+    for (int i = 0; i < 3; ++i) step();
+    uint64_t allocs = 0;
+    for (int i = 0; i < 100; ++i) {
+      const uint64_t a0 = HeapAllocations();
+      step();
+      allocs += HeapAllocations() - a0;
+    }
+    EXPECT_EQ(allocs, 0u) << "heap allocations over 100 steady-state draft steps";
+    ASSERT_EQ(drafts.size(), static_cast<size_t>(B));
+    for (const DsparkDraft& d : drafts) {
+      ASSERT_EQ(static_cast<int>(d.ids.size()), dspark.block_size());
+      for (int32_t id : d.ids) EXPECT_TRUE(id >= 0 && id < V) << id;
+    }
   }
 }
 

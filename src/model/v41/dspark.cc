@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/parallel.h"
 #include "format/numerics.h"
 #include "kernels/ref/ref_math.h"
 #include "kernels/ref/ref_ops.h"
@@ -19,19 +20,56 @@
 
 namespace deepinfer::v41 {
 
+// The drafter's step plan, as v41/workspace.h is the main model's: every
+// buffer of Run is kept between calls and refilled with Zeroed() (which keeps
+// its capacity), so a draft step of a batch shape already seen makes no heap
+// allocation (v41_step_plan_test counts them). A buffer's old contents never
+// reach a result: each use starts from Zeroed() or is fully overwritten.
+struct DsparkWorkspace {
+  explicit DsparkWorkspace(const ModelConfig& c)
+      : rope(c.rope_head_dim, c.rope_theta, 0, 1.0, c.beta_fast, c.beta_slow) {}  // sliding-window blocks
+  ref::RopeTable rope;
+  // Run: seeding and the head.
+  std::vector<int> drafting;
+  std::vector<float> hidden, main_x, kv, X, pre, y, h, logits, e, bias, cat;
+  // DraftPass: per-row vector-path counts, the block's mHC and activations.
+  std::vector<int32_t> sig_vec, soft_vec;
+  std::vector<float> pre_a, post_a, comb_a, pre_f, post_f, comb_f, x, v, X2;
+  // DraftPass::Attention.
+  std::vector<float> qr, q, akv, o, z;
+  std::vector<uint16_t> kvb, ring;
+  std::vector<const uint16_t*> rows;
+  std::vector<int32_t> slots;
+  // DraftPass::Moe.
+  std::vector<int32_t> idx;
+  std::vector<float> wts, moe_y, moe_sh;
+  std::vector<const float*> moe_bias;
+  int64_t moe_reserved_rows = 0;  // the experts' per-thread scratch holds this many rows
+  int moe_reserved_threads = 0;   // ... on a team of this many threads
+};
+
 namespace {
+
+// Each thread's SwiGLU buffers for the drafter's experts (they run in
+// parallel, one per thread: RoutedExperts).
+struct DraftExpertScratch {
+  std::vector<float> gt, up, neg;
+};
+thread_local DraftExpertScratch tl_draft_expert;
 
 // One DSpark block on the draft rows (Block.forward with DSparkAttention).
 class DraftPass {
  public:
-  DraftPass(const ModelConfig& c, const ModelWeights& w, const ref::RopeTable& rope,
-            const std::vector<DsparkSeq>& seqs, const std::vector<int>& drafting)
-      : c_(c), w_(w), rope_(rope), seqs_(seqs), drafting_(drafting) {
+  DraftPass(const ModelConfig& c, const ModelWeights& w, DsparkWorkspace& ws, const std::vector<DsparkSeq>& seqs,
+            const std::vector<int>& drafting)
+      : c_(c), w_(w), ws_(ws), rope_(ws.rope), seqs_(seqs), drafting_(drafting) {
     const int bs = c_.dspark_block_size;
     M_ = static_cast<int64_t>(drafting_.size()) * bs;
+    ws_.sig_vec.clear();
+    ws_.soft_vec.clear();
     for (int64_t r = 0; r < M_; ++r) {
-      sig_vec_.push_back(ref::VectorPathCount(r % bs, bs, c_.hc_mult, 16));
-      soft_vec_.push_back(ref::VectorPathCount(r % bs, bs, c_.dspark_n_routed_experts, 16));
+      ws_.sig_vec.push_back(ref::VectorPathCount(r % bs, bs, c_.hc_mult, 16));
+      ws_.soft_vec.push_back(ref::VectorPathCount(r % bs, bs, c_.dspark_n_routed_experts, 16));
     }
   }
   int64_t rows() const { return M_; }
@@ -47,21 +85,28 @@ class DraftPass {
     const LayerWeights& L = w_.dspark.blocks[b];
     const int hc = c_.hc_mult;
     const int64_t d = c_.dim, n = M_;
-    std::vector<float> pre_a(n * hc), post_a(n * hc), comb_a(n * hc * hc), pre_f(n * hc), post_f(n * hc),
-        comb_f(n * hc * hc), x(n * d), v(n * d), X2(X->size());
+    std::vector<float>& pre_a = Zeroed(ws_.pre_a, n * hc);
+    std::vector<float>& post_a = Zeroed(ws_.post_a, n * hc);
+    std::vector<float>& comb_a = Zeroed(ws_.comb_a, n * hc * hc);
+    std::vector<float>& pre_f = Zeroed(ws_.pre_f, n * hc);
+    std::vector<float>& post_f = Zeroed(ws_.post_f, n * hc);
+    std::vector<float>& comb_f = Zeroed(ws_.comb_f, n * hc * hc);
+    std::vector<float>& x = Zeroed(ws_.x, n * d);
+    std::vector<float>& v = Zeroed(ws_.v, n * d);
+    std::vector<float>& X2 = Zeroed(ws_.X2, static_cast<int64_t>(X->size()));
     HcMixes(X->data(), n, hc, d, L.hc_attn_fn, L.hc_attn_base.data(), L.hc_attn_scale.data(), c_.norm_eps,
-            c_.hc_sinkhorn_iters, c_.hc_eps, sig_vec_.data(), pre_a.data(), post_a.data(), comb_a.data());
+            c_.hc_sinkhorn_iters, c_.hc_eps, ws_.sig_vec.data(), pre_a.data(), post_a.data(), comb_a.data());
     HcCollapse(w_.packed_for_cpu, X->data(), pre->data(), n, hc, d, x.data());
     ref::RmsNorm(x.data(), n, d, L.attn_norm.data, c_.norm_eps, x.data());
     Attention(b, x.data(), v.data());
     HcExpand(w_.packed_for_cpu, v.data(), X->data(), post_a.data(), comb_a.data(), n, hc, d, X2.data());
     HcMixes(X2.data(), n, hc, d, L.hc_ffn_fn, L.hc_ffn_base.data(), L.hc_ffn_scale.data(), c_.norm_eps,
-            c_.hc_sinkhorn_iters, c_.hc_eps, sig_vec_.data(), pre_f.data(), post_f.data(), comb_f.data());
+            c_.hc_sinkhorn_iters, c_.hc_eps, ws_.sig_vec.data(), pre_f.data(), post_f.data(), comb_f.data());
     HcCollapse(w_.packed_for_cpu, X2.data(), pre_a.data(), n, hc, d, x.data());
     ref::RmsNorm(x.data(), n, d, L.ffn_norm.data, c_.norm_eps, x.data());
     Moe(b, x.data(), v.data());
     HcExpand(w_.packed_for_cpu, v.data(), X2.data(), post_f.data(), comb_f.data(), n, hc, d, X->data());
-    pre->swap(pre_f);
+    pre->swap(pre_f);  // both the workspace's: the buffers trade places
   }
 
  private:
@@ -73,13 +118,15 @@ class DraftPass {
     const int64_t n = M_, H = c_.n_heads, D = c_.head_dim, rd = c_.rope_head_dim, qr_dim = c_.q_lora_rank;
     const int64_t win = c_.window_size, d = c_.dim;
     const int bs = c_.dspark_block_size, ab = c_.act_block_size;
-    std::vector<float> qr(n * qr_dim), q(n * H * D), kv(n * D);
+    std::vector<float>& qr = Zeroed(ws_.qr, n * qr_dim);
+    std::vector<float>& q = Zeroed(ws_.q, n * H * D);
+    std::vector<float>& kv = Zeroed(ws_.akv, n * D);
     Linear(x, n, A.wq_a, ab, qr.data());
     ref::RmsNorm(qr.data(), n, qr_dim, A.q_norm.data, c_.norm_eps, qr.data());
     Linear(qr.data(), n, A.wq_b, ab, q.data());
     Linear(x, n, A.wkv, ab, kv.data());
     ref::RmsNorm(kv.data(), n, D, A.kv_norm.data, c_.norm_eps, kv.data());
-    std::vector<uint16_t> kvb(n * D);
+    std::vector<uint16_t>& kvb = Zeroed(ws_.kvb, n * D);
     for (int64_t r = 0; r < n; ++r) {
       for (int64_t h = 0; h < H; ++h) rope_.Apply(q.data() + (r * H + h) * D + D - rd, Pos(r), false);
       rope_.Apply(kv.data() + r * D + D - rd, Pos(r), false);
@@ -87,11 +134,13 @@ class DraftPass {
       for (int64_t i = 0; i < D; ++i) kvb[r * D + i] = FloatToBf16(kv[r * D + i]);
     }
     const int region = St(0).geometry->of(StateKind::kWindow).RegionOf(c_.n_layers + b);
-    std::vector<float> o(n * H * D);
+    std::vector<float>& o = Zeroed(ws_.o, n * H * D);
     const float scale = static_cast<float>(std::pow(static_cast<double>(D), -0.5));
-    std::vector<uint16_t> ring(win * D);
-    std::vector<const uint16_t*> rows;
-    std::vector<int32_t> slots;
+    std::vector<uint16_t>& ring = Zeroed(ws_.ring, win * D);
+    std::vector<const uint16_t*>& rows = ws_.rows;
+    std::vector<int32_t>& slots = ws_.slots;
+    ReserveInSteps(rows, win + bs, 1);
+    ReserveInSteps(slots, win + bs, 1);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t r0 = r - r % bs;  // the block's first row
       const int64_t p = Pos(r0) - 1;  // the last main position
@@ -113,7 +162,7 @@ class DraftPass {
           static_cast<int32_t>(m + bs), A.attn_sink.data(), scale, orow);
       for (int64_t h = 0; h < H; ++h) rope_.Apply(orow + h * D + D - rd, Pos(r), true);
     }
-    std::vector<float> z(n * c_.o_groups * c_.o_lora_rank);
+    std::vector<float>& z = Zeroed(ws_.z, n * c_.o_groups * c_.o_lora_rank);
     GroupedLinearBf16(o.data(), n, c_.o_groups, A.wo_a, z.data());
     Linear(z.data(), n, A.wo_b, ab, v);
     (void)d;
@@ -126,14 +175,34 @@ class DraftPass {
     const int64_t n = M_, d = c_.dim, I = c_.moe_inter_dim;
     const int k = c_.dspark_n_activated_experts, ab = c_.act_block_size;
     const float lim = c_.swiglu_limit;
-    std::vector<int32_t> idx(n * k);
-    std::vector<float> wts(n * k);
-    std::vector<const float*> bias(static_cast<size_t>(n), F.bias.data());  // drafts are text: no VL bias
-    Router(x, n, F.gate, bias.data(), k, c_.gate_temp, c_.norm_topk_prob, c_.route_scale, soft_vec_.data(),
+    std::vector<int32_t>& idx = Zeroed(ws_.idx, n * k);
+    std::vector<float>& wts = Zeroed(ws_.wts, n * k);
+    std::vector<const float*>& bias = ws_.moe_bias;
+    bias.assign(static_cast<size_t>(n), F.bias.data());  // drafts are text: no VL bias
+    Router(x, n, F.gate, bias.data(), k, c_.gate_temp, c_.norm_topk_prob, c_.route_scale, ws_.soft_vec.data(),
            idx.data(), wts.data());
+    // Every thread's expert scratch for the most rows one expert can get (all
+    // n), made once per new largest n or larger team (as ForwardPass::Moe).
+    if (n > ws_.moe_reserved_rows || NumThreads() > ws_.moe_reserved_threads) {
+      const int64_t rows = std::max(n, ws_.moe_reserved_rows);
+#pragma omp parallel
+      {
+        DraftExpertScratch& es = tl_draft_expert;
+        ReserveInSteps(es.gt, rows * I, 1);
+        ReserveInSteps(es.up, rows * I, 1);
+        ReserveInSteps(es.neg, rows * I, 1);
+        ReserveRoutedExpertScratch(rows, d);
+        cpu::ReserveLinearScratch(rows, std::max(d, I));
+      }
+      ws_.moe_reserved_rows = rows;
+      ws_.moe_reserved_threads = NumThreads();
+    }
     auto swiglu = [&](const float* xin, int64_t m, const Fp4Linear* w1, const Fp4Linear* w3, const Fp4Linear* w2,
                       const Fp8Linear* s1, const Fp8Linear* s3, const Fp8Linear* s2, const float* rw, float* out) {
-      thread_local std::vector<float> gt, up, neg;  // per thread: the routed experts run in parallel
+      // Per thread: the routed experts run in parallel.
+      std::vector<float>& gt = tl_draft_expert.gt;
+      std::vector<float>& up = tl_draft_expert.up;
+      std::vector<float>& neg = tl_draft_expert.neg;
       Zeroed(gt, m * I);
       Zeroed(up, m * I);
       if (w1) {
@@ -147,7 +216,8 @@ class DraftPass {
       if (w2) Linear(gt.data(), m, *w2, ab, out);
       else Linear(gt.data(), m, *s2, ab, out);
     };
-    std::vector<float> y(n * d), sh(n * d);
+    std::vector<float>& y = Zeroed(ws_.moe_y, n * d);
+    std::vector<float>& sh = Zeroed(ws_.moe_sh, n * d);
     RoutedExperts(
         nullptr, EpExchange::kReplicated, ExpertShard{c_.dspark_n_routed_experts, 1, 0}, x, n, d, idx.data(),
         wts.data(), k,
@@ -162,11 +232,11 @@ class DraftPass {
 
   const ModelConfig& c_;
   const ModelWeights& w_;
+  DsparkWorkspace& ws_;
   const ref::RopeTable& rope_;
   const std::vector<DsparkSeq>& seqs_;
   const std::vector<int>& drafting_;
   int64_t M_ = 0;
-  std::vector<int32_t> sig_vec_, soft_vec_;
 };
 
 }  // namespace
@@ -175,7 +245,10 @@ Dspark::Dspark(V41Model& model) : m_(model) {
   if ((m_.comm_ && m_.comm_->size() > 1) || (m_.cp_comm_ && m_.cp_comm_->size() > 1))
     Fail(ErrorKind::kInvalidArgument, "the DSpark drafter runs in one process only (not with --ep or --cp)");
   m_.w_->BindDspark(*m_.store_, m_.cfg_);
+  ws_ = std::make_unique<DsparkWorkspace>(m_.cfg_);
 }
+
+Dspark::~Dspark() = default;
 
 int Dspark::block_size() const { return m_.cfg_.dspark_block_size; }
 int64_t Dspark::hidden_width() const {
@@ -188,7 +261,9 @@ void Dspark::Run(const std::vector<DsparkSeq>& seqs, bool want_logits, std::vect
   const int hc = c.hc_mult, bs = c.dspark_block_size;
   const int64_t d = c.dim, D = c.head_dim, rd = c.rope_head_dim, win = c.window_size, V = c.vocab_size;
   const int64_t width = hidden_width();
-  std::vector<int> drafting;
+  DsparkWorkspace& ws = *ws_;
+  std::vector<int>& drafting = ws.drafting;
+  drafting.clear();
   int64_t N = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
     const DsparkSeq& q = seqs[s];
@@ -204,11 +279,18 @@ void Dspark::Run(const std::vector<DsparkSeq>& seqs, bool want_logits, std::vect
     if (q.input_token >= 0) drafting.push_back(static_cast<int>(s));
     N += q.n;
   }
-  out->assign(seqs.size(), {});
-  const ref::RopeTable rope(rd, c.rope_theta, 0, 1.0, c.beta_fast, c.beta_slow);  // sliding-window blocks
+  // Emptied entries keep their capacity (a steady-state step allocates nothing).
+  out->resize(seqs.size());
+  for (DsparkDraft& dr : *out) {
+    dr.ids.clear();
+    dr.logits.clear();
+    dr.confidence.clear();
+  }
+  const ref::RopeTable& rope = ws.rope;
 
   // forward_embed: main_x = main_norm(main_proj(main_hidden)).
-  std::vector<float> hidden(N * width), main_x(N * d);
+  std::vector<float>& hidden = Zeroed(ws.hidden, N * width);
+  std::vector<float>& main_x = Zeroed(ws.main_x, N * d);
   {
     int64_t r = 0;
     for (const DsparkSeq& q : seqs) {
@@ -220,7 +302,7 @@ void Dspark::Run(const std::vector<DsparkSeq>& seqs, bool want_logits, std::vect
   ref::RmsNorm(main_x.data(), N, d, w.dspark.main_norm.data, c.norm_eps, main_x.data());
 
   // Every block seeds its ring with the K of main_x at the given positions.
-  std::vector<float> kv(N * D);
+  std::vector<float>& kv = Zeroed(ws.kv, N * D);
   for (int b = 0; b < c.n_mtp_layers; ++b) {
     const AttentionWeights& A = w.dspark.blocks[b].attn;
     Linear(main_x.data(), N, A.wkv, c.act_block_size, kv.data());
@@ -244,9 +326,10 @@ void Dspark::Run(const std::vector<DsparkSeq>& seqs, bool want_logits, std::vect
   if (drafting.empty()) return;
 
   // The draft block: [input token, noise × (bs−1)], hc identical streams, identity pre.
-  DraftPass pass(c, w, rope, seqs, drafting);
+  DraftPass pass(c, w, ws, seqs, drafting);
   const int64_t M = pass.rows();
-  std::vector<float> X(M * hc * d), pre(M * hc, 0.0f);
+  std::vector<float>& X = Zeroed(ws.X, M * hc * d);
+  std::vector<float>& pre = Zeroed(ws.pre, M * hc);
   for (int64_t r = 0; r < M; ++r) {
     const int64_t tok = r % bs == 0 ? seqs[drafting[r / bs]].input_token : c.dspark_noise_token_id;
     const uint16_t* e = w.embed.data + tok * d;
@@ -257,12 +340,16 @@ void Dspark::Run(const std::vector<DsparkSeq>& seqs, bool want_logits, std::vect
   for (int b = 0; b < c.n_mtp_layers; ++b) pass.Block(b, &X, &pre);
 
   // forward_head: logits of the bs positions, then the Markov head in order.
-  std::vector<float> y(M * d), h(M * d), logits(M * V);
+  std::vector<float>& y = Zeroed(ws.y, M * d);
+  std::vector<float>& h = Zeroed(ws.h, M * d);
+  std::vector<float>& logits = Zeroed(ws.logits, M * V);
   HcCollapse(w.packed_for_cpu, X.data(), pre.data(), M, hc, d, y.data());
   ref::RmsNorm(y.data(), M, d, w.dspark.norm.data, c.norm_eps, h.data());
   LinearF32Bf16W(h.data(), M, w.head, logits.data());
   const int64_t R = c.dspark_markov_rank;
-  std::vector<float> e(R), bias(V), cat(d + R);
+  std::vector<float>& e = Zeroed(ws.e, R);
+  std::vector<float>& bias = Zeroed(ws.bias, V);
+  std::vector<float>& cat = Zeroed(ws.cat, d + R);
   for (size_t k = 0; k < drafting.size(); ++k) {
     DsparkDraft& dr = (*out)[static_cast<size_t>(drafting[k])];
     int32_t prev = seqs[drafting[k]].input_token;

@@ -36,6 +36,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/state.h"
@@ -57,12 +58,15 @@ struct DsparkDraft {
   std::vector<float> confidence;    // [bs] FP32
 };
 
+struct DsparkWorkspace;  // dspark.cc: the buffers Run reuses between calls
+
 class Dspark {
  public:
   // Binds the model's `mtp.*` tensors (ModelWeights::BindDspark; errors as
   // there: kInvalidArgument without DSpark, kNotFound / kCorruptData naming
   // a tensor). Not with expert or context parallelism (kInvalidArgument).
   explicit Dspark(V41Model& model);
+  ~Dspark();
   int block_size() const;
   int64_t hidden_width() const;  // n_targets · dim floats per main_hidden row
   // Seeds every sequence's rings and drafts where input_token >= 0; `out`
@@ -70,10 +74,15 @@ class Dspark {
   // Error(kInvalidArgument) naming the sequence for: n < 1, negative
   // start_pos, no main_hidden, a geometry without the DSpark rings,
   // input_token outside the vocabulary. Nothing is written when it throws.
+  // `out`'s entries are emptied and refilled, keeping their capacity: a caller
+  // that passes the same `out` every step, with a batch shape seen before,
+  // gets a step without heap allocations (the drafter's step plan). Not
+  // thread-safe: one Run at a time per Dspark.
   void Run(const std::vector<DsparkSeq>& seqs, bool want_logits, std::vector<DsparkDraft>* out);
 
  private:
   V41Model& m_;
+  std::unique_ptr<DsparkWorkspace> ws_;
 };
 
 }  // namespace deepinfer::v41

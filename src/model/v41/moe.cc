@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/parallel.h"
 #include "base/region_timer.h"
 #include "format/numerics.h"
 #include "model/v41/forward_pass.h"
@@ -81,8 +82,9 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
   // here), made once per new largest n: a later step whose routing puts more
   // rows on one expert than any step before allocates nothing (the decode
   // step plan, workspace.h).
-  const int64_t max_rows = n * (m_.comm_ ? m_.comm_->size() : 1);
-  if (max_rows > ws_.moe_reserved_rows) {
+  // Again when the team grew (SetNumThreads): its new threads hold nothing yet.
+  const int64_t max_rows = std::max(n * (m_.comm_ ? m_.comm_->size() : 1), ws_.moe_reserved_rows);
+  if (max_rows > ws_.moe_reserved_rows || NumThreads() > ws_.moe_reserved_threads) {
 #pragma omp parallel
     {
       ExpertScratch& es = tl_expert;
@@ -93,6 +95,7 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
       cpu::ReserveLinearScratch(max_rows, std::max(d, I));
     }
     ws_.moe_reserved_rows = max_rows;
+    ws_.moe_reserved_threads = NumThreads();
   }
   // Routed experts: each on its owner rank (one process: all local), the
   // experts' SwiGLUs in parallel (each on one thread; the kernels inside run

@@ -62,6 +62,7 @@ struct StepWorkspace {
   std::vector<float> moe_w, moe_y, moe_sh;
   std::vector<const float*> moe_bias;
   int64_t moe_reserved_rows = 0;  // rows per expert every thread's MoE scratch holds (moe.cc)
+  int moe_reserved_threads = 0;   // ... on a team of this many threads
   // Head.
   std::vector<int64_t> head_rows;
   std::vector<float> head_X, head_pre, head_y;
