@@ -17,10 +17,11 @@ export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 # (TSan: it checks the threads, not the SIMD code), not for the portable fallback that no machine
 # running this script uses: see DEEPINFER_SIMD in CMakeLists.txt.
 fixture_bin="$PWD/build/deepinfer"
-if [ ! -x "$fixture_bin" ]; then
-  echo "sanitize: $fixture_bin is missing: run ./scripts/setup.sh first" >&2
+if [ ! -f build/build.ninja ]; then
+  echo "sanitize: build/ is not configured: run ./scripts/setup.sh first" >&2
   exit 2
 fi
+cmake --build build --target deepinfer >/dev/null  # current with the sources (make-tiny writes the fixtures)
 configure() {  # dir sanitizers simd
   cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDEEPINFER_SANITIZE="$2" -DDEEPINFER_SIMD="$3" \
     -DDEEPINFER_FIXTURE_BINARY="$fixture_bin" -DDEEPINFER_BUILD_BENCH=OFF >/dev/null
