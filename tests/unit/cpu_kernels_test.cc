@@ -198,6 +198,10 @@ TEST(CpuKernels, LinearFp8BitIdentical) {
       for (const Shape& sh : kShapes) CheckFp8(sh.M, sh.N, sh.K, 32, 32, seed += 7);
       CheckFp8(5, 130, 256, 128, 128, 900);  // V4 style 128×128 blocks
       CheckFp8(3, 300, 384, 128, 128, 901);
+      // M = 4 and 5: on AVX2 one 2-vector × M-row pass (linear_fp8.cc RunFp8),
+      // with a 2-row last tile and a 40-row one.
+      CheckFp8(4, 130, 256, 32, 32, 905);
+      CheckFp8(5, 232, 160, 32, 32, 906);
       // M >= 96 (the BF16 pair-dot GEMM where supported): 128- and 64-wide
       // activation blocks, two m-chunks.
       CheckFp8(100, 130, 256, 128, 128, 902);
@@ -213,6 +217,7 @@ TEST(CpuKernels, LinearFp8IeeeBitIdentical) {
       uint64_t seed = 500;
       for (const Shape& sh : kShapes) CheckFp8(sh.M, sh.N, sh.K, 32, 32, seed += 7, Fp8Format::kE4M3Ieee);
       CheckFp8(5, 130, 256, 128, 128, 950, Fp8Format::kE4M3Ieee);
+      CheckFp8(4, 130, 256, 32, 32, 951, Fp8Format::kE4M3Ieee);
     });
   });
 }
