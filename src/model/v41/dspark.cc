@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "base/error.h"
-#include "base/parallel.h"
 #include "format/numerics.h"
 #include "kernels/ref/ref_math.h"
 #include "kernels/ref/ref_ops.h"
@@ -49,13 +49,6 @@ struct DsparkWorkspace {
 };
 
 namespace {
-
-// Each thread's SwiGLU buffers for the drafter's experts (they run in
-// parallel, one per thread: RoutedExperts).
-struct DraftExpertScratch {
-  std::vector<float> gt, up, neg;
-};
-thread_local DraftExpertScratch tl_draft_expert;
 
 // One DSpark block on the draft rows (Block.forward with DSparkAttention).
 class DraftPass {
@@ -183,50 +176,17 @@ class DraftPass {
            idx.data(), wts.data());
     // Every thread's expert scratch for the most rows one expert can get (all
     // n), made once per new largest n or larger team (as ForwardPass::Moe).
-    if (n > ws_.moe_reserved_rows || NumThreads() > ws_.moe_reserved_threads) {
-      const int64_t rows = std::max(n, ws_.moe_reserved_rows);
-#pragma omp parallel
-      {
-        DraftExpertScratch& es = tl_draft_expert;
-        ReserveInSteps(es.gt, rows * I, 1);
-        ReserveInSteps(es.up, rows * I, 1);
-        ReserveInSteps(es.neg, rows * I, 1);
-        ReserveRoutedExpertScratch(rows, d);
-        cpu::ReserveLinearScratch(rows, std::max(d, I));
-      }
-      ws_.moe_reserved_rows = rows;
-      ws_.moe_reserved_threads = NumThreads();
-    }
-    auto swiglu = [&](const float* xin, int64_t m, const Fp4Linear* w1, const Fp4Linear* w3, const Fp4Linear* w2,
-                      const Fp8Linear* s1, const Fp8Linear* s3, const Fp8Linear* s2, const float* rw, float* out) {
-      // Per thread: the routed experts run in parallel.
-      std::vector<float>& gt = tl_draft_expert.gt;
-      std::vector<float>& up = tl_draft_expert.up;
-      std::vector<float>& neg = tl_draft_expert.neg;
-      Zeroed(gt, m * I);
-      Zeroed(up, m * I);
-      if (w1) {
-        Linear(xin, m, *w1, ab, gt.data());
-        Linear(xin, m, *w3, ab, up.data());
-      } else {
-        Linear(xin, m, *s1, ab, gt.data());
-        Linear(xin, m, *s3, ab, up.data());
-      }
-      SwiGlu(gt.data(), up.data(), m, I, lim, rw, neg);
-      if (w2) Linear(gt.data(), m, *w2, ab, out);
-      else Linear(gt.data(), m, *s2, ab, out);
-    };
+    ReserveExpertScratch(n, d, I, &ws_.moe_reserved_rows, &ws_.moe_reserved_threads);
     std::vector<float>& y = Zeroed(ws_.moe_y, n * d);
     std::vector<float>& sh = Zeroed(ws_.moe_sh, n * d);
-    RoutedExperts(
-        nullptr, EpExchange::kReplicated, ExpertShard{c_.dspark_n_routed_experts, 1, 0}, x, n, d, idx.data(),
-        wts.data(), k,
-        [&](int e, const float* xin, int64_t m, const float* rw, float* out) {
-          const ExpertWeights& ew = F.experts[e];
-          swiglu(xin, m, &ew.w1, &ew.w3, &ew.w2, nullptr, nullptr, nullptr, rw, out);
-        },
-        y.data());
-    swiglu(x, n, nullptr, nullptr, nullptr, &F.shared_w1, &F.shared_w3, &F.shared_w2, nullptr, sh.data());
+    const auto routed = [&](int e, const float* xin, int64_t m, const float* rw, float* out) {
+      const ExpertWeights& ew = F.experts[e];
+      ExpertSwiGlu(xin, m, ew.w1, ew.w3, ew.w2, I, ab, lim, rw, out);
+    };
+    // std::ref: the std::function holds a reference, no heap copy of the closure.
+    RoutedExperts(nullptr, EpExchange::kReplicated, ExpertShard{c_.dspark_n_routed_experts, 1, 0}, x, n, d,
+                  idx.data(), wts.data(), k, std::ref(routed), y.data());
+    ExpertSwiGlu(x, n, F.shared_w1, F.shared_w3, F.shared_w2, I, ab, lim, nullptr, sh.data());
     for (int64_t i = 0; i < n * d; ++i) v[i] = RoundBf16(y[i] + sh[i]);
   }
 

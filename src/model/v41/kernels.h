@@ -100,4 +100,37 @@ inline void SwiGlu(float* gate, float* up, int64_t m, int64_t I, float lim, cons
   }
 }
 
+// Each thread's buffers for ExpertSwiGlu (the routed experts run in parallel,
+// one per thread: RoutedExperts): gate/up projections [m, I] and the exps.
+// One set per thread, shared by the main model's MoE and the DSpark
+// drafter's (never in use at once on a thread). moe.cc.
+struct ExpertScratch {
+  std::vector<float> gt, up, neg;
+};
+ExpertScratch& ThreadExpertScratch();
+
+// The decode step plan's reservation for the MoE: every thread of the team
+// holds ExpertScratch, RoutedExperts' scratch and the linears' scratch for
+// `rows` rows per expert (dim d, intermediate I). Done when rows exceed
+// *reserved_rows or the team has more threads than *reserved_threads (a new
+// thread holds nothing), which it then updates; otherwise nothing. Call
+// outside a parallel region. moe.cc.
+void ReserveExpertScratch(int64_t rows, int64_t d, int64_t I, int64_t* reserved_rows, int* reserved_threads);
+
+// Expert.forward on m rows x [m, d] → out [m, d]: w2(SwiGlu(w1·x, w3·x))
+// with the limit and, for a routed expert, the route weights rw (null: the
+// shared expert); W is Fp4Linear (routed) or Fp8Linear (shared), activation
+// blocks of ab. Uses the calling thread's ExpertScratch.
+template <class W>
+void ExpertSwiGlu(const float* x, int64_t m, const W& w1, const W& w3, const W& w2, int64_t I, int ab, float lim,
+                  const float* rw, float* out) {
+  ExpertScratch& es = ThreadExpertScratch();
+  es.gt.assign(static_cast<size_t>(m * I), 0.0f);
+  es.up.assign(static_cast<size_t>(m * I), 0.0f);
+  Linear(x, m, w1, ab, es.gt.data());
+  Linear(x, m, w3, ab, es.up.data());
+  SwiGlu(es.gt.data(), es.up.data(), m, I, lim, rw, es.neg);
+  Linear(es.gt.data(), m, w2, ab, out);
+}
+
 }  // namespace deepinfer::v41

@@ -27,14 +27,26 @@ namespace {
 // Decode steps of up to this many rows run the shared expert as one task
 // beside the routed experts (RoutedExperts `alongside`).
 constexpr int64_t kSharedAlongsideMaxRows = 16;
-
-// Each thread's SwiGLU buffers (the routed experts run in parallel, one per
-// thread: RoutedExperts): gate/up projections [m, I] and the exps.
-struct ExpertScratch {
-  std::vector<float> gt, up, neg;
-};
 thread_local ExpertScratch tl_expert;
 }  // namespace
+
+ExpertScratch& ThreadExpertScratch() { return tl_expert; }
+
+void ReserveExpertScratch(int64_t rows, int64_t d, int64_t I, int64_t* reserved_rows, int* reserved_threads) {
+  rows = std::max(rows, *reserved_rows);
+  if (rows == *reserved_rows && NumThreads() <= *reserved_threads) return;
+#pragma omp parallel
+  {
+    ExpertScratch& es = tl_expert;
+    ReserveInSteps(es.gt, rows * I, 1);
+    ReserveInSteps(es.up, rows * I, 1);
+    ReserveInSteps(es.neg, rows * I, 1);
+    ReserveRoutedExpertScratch(rows, d);
+    cpu::ReserveLinearScratch(rows, std::max(d, I));
+  }
+  *reserved_rows = rows;
+  *reserved_threads = NumThreads();
+}
 
 void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64_t r1) {
   RegionScope region(Region::kMoe);
@@ -57,46 +69,14 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
   router.reset();
   // Routed experts in increasing expert id, FP32 combine (MoE.forward).
   std::vector<float>& y = Zeroed(ws_.moe_y, n * d);
-  auto swiglu = [&](const float* xin, int64_t m, const Fp4Linear* w1, const Fp4Linear* w3,
-                    const Fp4Linear* w2, const Fp8Linear* s1, const Fp8Linear* s3,
-                    const Fp8Linear* s2, const float* rw, float* out) {
-    // Per thread: the routed experts run in parallel (RoutedExperts).
-    std::vector<float>& gt = tl_expert.gt;
-    std::vector<float>& up = tl_expert.up;
-    std::vector<float>& neg = tl_expert.neg;
-    Zeroed(gt, m * I);
-    Zeroed(up, m * I);
-    if (w1) {
-      Linear(xin, m, *w1, ab, gt.data());
-      Linear(xin, m, *w3, ab, up.data());
-    } else {
-      Linear(xin, m, *s1, ab, gt.data());
-      Linear(xin, m, *s3, ab, up.data());
-    }
-    SwiGlu(gt.data(), up.data(), m, I, lim, rw, neg);
-    if (w2) Linear(gt.data(), m, *w2, ab, out);
-    else Linear(gt.data(), m, *s2, ab, out);
-  };
   // Every thread's expert scratch for the most rows one expert can get in
   // this step shape (n rows of this rank, times the ranks that may send rows
   // here), made once per new largest n: a later step whose routing puts more
   // rows on one expert than any step before allocates nothing (the decode
   // step plan, workspace.h).
   // Again when the team grew (SetNumThreads): its new threads hold nothing yet.
-  const int64_t max_rows = std::max(n * (m_.comm_ ? m_.comm_->size() : 1), ws_.moe_reserved_rows);
-  if (max_rows > ws_.moe_reserved_rows || NumThreads() > ws_.moe_reserved_threads) {
-#pragma omp parallel
-    {
-      ExpertScratch& es = tl_expert;
-      ReserveInSteps(es.gt, max_rows * I, 1);
-      ReserveInSteps(es.up, max_rows * I, 1);
-      ReserveInSteps(es.neg, max_rows * I, 1);
-      ReserveRoutedExpertScratch(max_rows, d);
-      cpu::ReserveLinearScratch(max_rows, std::max(d, I));
-    }
-    ws_.moe_reserved_rows = max_rows;
-    ws_.moe_reserved_threads = NumThreads();
-  }
+  ReserveExpertScratch(n * (m_.comm_ ? m_.comm_->size() : 1), d, I, &ws_.moe_reserved_rows,
+                       &ws_.moe_reserved_threads);
   // Routed experts: each on its owner rank (one process: all local), the
   // experts' SwiGLUs in parallel (each on one thread; the kernels inside run
   // on that thread), then per row the combine in increasing expert id, as
@@ -107,18 +87,17 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
   // bits either way.
   std::vector<float>& sh = Zeroed(ws_.moe_sh, n * d);
   const auto shared = [&] {
-    swiglu(x, n, nullptr, nullptr, nullptr, &F.shared_w1, &F.shared_w3, &F.shared_w2, nullptr, sh.data());
+    ExpertSwiGlu(x, n, F.shared_w1, F.shared_w3, F.shared_w2, I, ab, lim, nullptr, sh.data());
   };
   const bool shared_alongside = n <= kSharedAlongsideMaxRows && !(m_.comm_ && m_.comm_->size() > 1);
-  RoutedExperts(
-      m_.comm_, b_.exchange, m_.shard_, x, n, d, idx.data(), wts.data(), k,
-      [&](int e, const float* xin, int64_t m, const float* rw, float* out) {
-        const ExpertWeights& ew = F.experts[e];
-        DI_CHECK(ew.bound);
-        swiglu(xin, m, &ew.w1, &ew.w3, &ew.w2, nullptr, nullptr, nullptr, rw, out);
-      },
-      // std::ref: the std::function holds a reference, no heap copy of the closure.
-      y.data(), shared_alongside ? std::function<void()>(std::ref(shared)) : std::function<void()>());
+  const auto routed = [&](int e, const float* xin, int64_t m, const float* rw, float* out) {
+    const ExpertWeights& ew = F.experts[e];
+    DI_CHECK(ew.bound);
+    ExpertSwiGlu(xin, m, ew.w1, ew.w3, ew.w2, I, ab, lim, rw, out);
+  };
+  // std::ref: each std::function holds a reference, no heap copy of the closure.
+  RoutedExperts(m_.comm_, b_.exchange, m_.shard_, x, n, d, idx.data(), wts.data(), k, std::ref(routed), y.data(),
+                shared_alongside ? std::function<void()>(std::ref(shared)) : std::function<void()>());
   if (!shared_alongside) shared();
   for (int64_t i = 0; i < n * d; ++i) v[i] = RoundBf16(y[i] + sh[i]);
   if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size()) && r0 == 0 && r1 == R_) {
