@@ -145,6 +145,18 @@ std::vector<float> Mixed(V41Model& m) {
   return all;
 }
 
+// Heap allocations made by `steps` calls of step() (only those calls counted).
+template <typename F>
+uint64_t AllocationsOver(int steps, F&& step) {
+  uint64_t allocs = 0;
+  for (int i = 0; i < steps; ++i) {
+    const uint64_t a0 = HeapAllocations();
+    step();
+    allocs += HeapAllocations() - a0;
+  }
+  return allocs;
+}
+
 int64_t Differing(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return -1;
   int64_t diff = 0;
@@ -194,13 +206,7 @@ TEST_F(V41StepPlan, SteadyStateDecodeMakesNoHeapAllocation) {
       for (int s = 0; s < B; ++s) next[s] = Argmax(out.logits.data() + s * V, V);
     };
     for (int i = 0; i < 3; ++i) step();  // the step's own buffers reach their size
-    uint64_t allocs = 0;
-    for (int i = 0; i < 100; ++i) {
-      const uint64_t a0 = HeapAllocations();
-      step();
-      allocs += HeapAllocations() - a0;
-    }
-    EXPECT_EQ(allocs, 0u) << "heap allocations over 100 steady-state decode steps";
+    EXPECT_EQ(AllocationsOver(100, step), 0u) << "heap allocations over 100 steady-state decode steps";
     ASSERT_EQ(out.logits.size(), static_cast<size_t>(B * V));
   }
 }
@@ -245,13 +251,7 @@ TEST_F(V41StepPlan, SteadyStateDsparkDraftStepMakesNoHeapAllocation) {
       dspark.Run(ds, /*want_logits=*/false, &drafts);
     };
     for (int i = 0; i < 3; ++i) step();
-    uint64_t allocs = 0;
-    for (int i = 0; i < 100; ++i) {
-      const uint64_t a0 = HeapAllocations();
-      step();
-      allocs += HeapAllocations() - a0;
-    }
-    EXPECT_EQ(allocs, 0u) << "heap allocations over 100 steady-state draft steps";
+    EXPECT_EQ(AllocationsOver(100, step), 0u) << "heap allocations over 100 steady-state draft steps";
     ASSERT_EQ(drafts.size(), static_cast<size_t>(B));
     for (const DsparkDraft& d : drafts) {
       ASSERT_EQ(static_cast<int>(d.ids.size()), dspark.block_size());
