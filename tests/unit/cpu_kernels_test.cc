@@ -222,12 +222,17 @@ TEST(CpuKernels, LinearFp8IeeeBitIdentical) {
   });
 }
 
-void CheckFp4(int64_t M, int64_t N, int64_t K, int act_block, uint64_t seed, Fp8Format fmt = Fp8Format::kE4M3FN) {
+// x: the activations (M × K), or empty for RandomActs (18 binades: every
+// 32-column group holds tiny values, so every sum is order-sensitive).
+void CheckFp4(int64_t M, int64_t N, int64_t K, int act_block, uint64_t seed, Fp8Format fmt = Fp8Format::kE4M3FN,
+              std::vector<float> x = {}, std::vector<uint8_t> w = {}) {
   std::mt19937_64 rng(seed);
-  std::vector<uint8_t> w(N * K / 2);
-  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  if (w.empty()) {
+    w.resize(N * K / 2);
+    for (auto& b : w) b = static_cast<uint8_t>(rng());
+  }
   const std::vector<uint8_t> s = RandomScales(N * (K / 32), seed + 1);
-  const std::vector<float> x = RandomActs(M * K, seed + 2);
+  if (x.empty()) x = RandomActs(M * K, seed + 2);
   const ref::Fp4Weight view{w.data(), s.data(), N, K};
   std::vector<float> want(M * N), got(M * N, -1.0f);
   ref::LinearFp4(x.data(), M, view, act_block, want.data(), fmt);
@@ -245,6 +250,46 @@ TEST(CpuKernels, LinearFp4BitIdentical) {
       CheckFp4(4, 96, 256, 128, 990);  // V4 style: 128-wide activation blocks
       CheckFp4(1, 64, 64, 64, 991);    // one group pair, 64-wide activation blocks
       CheckFp4(2, 192, 1056, 32, 992);  // odd number of groups (33)
+    });
+  });
+}
+
+// The AVX2 GEMV's integer dots (linear_fp4.cc BuildFp4IntActs): groups whose
+// nonzero |q| are all >= 2^-3 (here: normal activations, amax scaled to 448)
+// are summed exactly in integers, the others by the tables, group by group.
+// Gaussian rows (a few groups with a tiny value fall back), the largest
+// magnitudes (every q ±448 against every w ±6: the words' and dwords' range),
+// and groups that alternate between the two paths inside one row.
+TEST(CpuKernels, LinearFp4IntegerDotGroupsBitIdentical) {
+  const int64_t N = 192, K = 1024;
+  std::mt19937_64 rng(4242);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> gauss(4 * K), extreme(4 * K), mixed(4 * K);
+  for (auto& v : gauss) v = RoundBf16(nd(rng));
+  for (int64_t i = 0; i < 4 * K; ++i) {
+    const int64_t k = i % K, g = k / 32;
+    extreme[i] = ((i / 3) % 2 == 0 ? 448.0f : -448.0f) * (g % 3 == 0 ? 1.0f : 0.75f);
+    // Each group's first value is 448 (activation scale 1, q = x): odd groups
+    // also hold 2^-12 (below the 2^-3 line: the tables), even groups 0, −0,
+    // the edge 2^-3 itself and values from 2^-3 up.
+    const float big = RoundBf16(std::copysign(0.125f + std::min(std::fabs(nd(rng)) * 60.0f, 300.0f), nd(rng)));
+    if (k % 32 == 0) mixed[i] = 448.0f;
+    else if (g % 2 == 1) mixed[i] = (k % 32 == 5) ? std::ldexp(1.0f, -12) : big;
+    else mixed[i] = (k % 32 == 1) ? -0.125f : (k % 32 == 2) ? -0.0f : (k % 32 == 3) ? 0.0f : big;
+  }
+  // Weights: every code; for the extreme rows also all ±6 (codes 7 and 15).
+  std::vector<uint8_t> all6(N * K / 2);
+  for (int64_t i = 0; i < N * K / 2; ++i) all6[i] = (i % 3 == 0) ? 0xF7 : (i % 3 == 1) ? 0x77 : 0xFF;
+  WithAndWithoutBf16Dot([&] {
+    ForEachTarget([&] {
+      for (const Fp8Format fmt : {Fp8Format::kE4M3FN, Fp8Format::kE4M3Ieee}) {
+        for (int64_t M : {1, 4}) {  // M = 4: the last row alone (AVX2 micro-tile remainder)
+          CheckFp4(M, N, K, 32, 31, fmt, {gauss.begin(), gauss.begin() + M * K});
+          CheckFp4(M, N, K, 128, 32, fmt, {mixed.begin(), mixed.begin() + M * K});
+          CheckFp4(M, N, K, 32, 33, fmt, {extreme.begin(), extreme.begin() + M * K}, all6);
+          CheckFp4(M, N, K, 32, 34, fmt, {extreme.begin(), extreme.begin() + M * K});
+        }
+      }
     });
   });
 }

@@ -55,6 +55,11 @@ struct QArgs {
   // (linear_fp4.cc BuildFp4ProductTables: 32 bytes per column), or null.
   const uint8_t* pt = nullptr;
   int64_t pt_row = -1;
+  // ... and its integer operands (BuildFp4IntActs: 64 bytes per 32-column
+  // group) with each group's correction, INT32_MIN where the group takes the
+  // tables instead.
+  const int8_t* pqi = nullptr;
+  const int32_t* pcorr = nullptr;
   float* y = nullptr;             // output [M, ldy]
   int64_t ldy = 0;
   // BF16 linears
@@ -153,6 +158,8 @@ struct ActBuffers {
   std::vector<float> q, sa;
   std::vector<uint32_t> qp;  // bf16_dot.h PackActPairs
   std::vector<uint8_t> pt;   // linear_fp4.cc BuildFp4ProductTables (AVX2)
+  std::vector<int8_t> pqi;   // linear_fp4.cc BuildFp4IntActs (AVX2)
+  std::vector<int32_t> pcorr;
   void Resize(int64_t nq, int64_t nsa) {
     if (static_cast<int64_t>(q.size()) < nq) q.resize(nq);
     if (static_cast<int64_t>(sa.size()) < nsa) sa.resize(nsa);

@@ -16,6 +16,8 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <bit>
+#include <cstring>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/bf16_dot.h"
@@ -184,6 +186,114 @@ void BuildFp4ProductTables(const float* q, int64_t K, uint8_t* tb) {
   }
 }
 
+// ---------------------------------------------------------------- AVX2 GEMV by integer dots
+// Most 32-column groups need neither tables nor FP32 adds. If every nonzero
+// |q| of the group (the E4M3 activations, in the reference's units) is at
+// least 2^-3, every q is a multiple of 2^-6 and every product q·w of a 2^-7
+// (w a multiple of 1/2); a running sum is at most 32·448·6 = 86016 < 2^17 in
+// magnitude, so it is a multiple of 2^-7 below 2^24·2^-7: every one of the
+// reference's partial sums is exact in FP32, whatever the weights. The
+// group's partial sum is then the exact sum, in any order, and integers give
+// it: with Q = 64q (|Q| <= 28672, split Q = 256·Qh + Ql into two signed
+// bytes) and the weight byte 2w + 12 (0..24, unsigned), vpmaddubsw forms two
+// products per word, vpmaddwd the dword of each row, and
+// Σ(2w+12)·Q − 12·ΣQ = 128·Σq·w exactly (|·| < 2^24, so its conversion to
+// FP32 is exact too). No word saturates: two products are at most 2·24·128
+// in magnitude, four column pairs 24 576. Per 64 weights (one dword of 8
+// columns for each of 8 rows): the two nibbles (3 instructions), two vpshufb
+// to the weight bytes, four vpmaddubsw, three or four word adds, one
+// vpmaddwd and one add per 16 columns — against ~30 for the tables — and no
+// transposition: the lanes are the rows in order. A group with a smaller
+// nonzero |q|, or a NaN/Inf, takes the tables.
+
+// Row q's operands, per 32-column group g: pqi[64g + 16j ..] = the 4 dwords
+// Ql(8j+0,2,4,6), Qh(8j+0,2,4,6), Ql(8j+1,3,5,7), Qh(8j+1,3,5,7) (the even
+// columns are the packed bytes' low nibbles); pcorr[g] = 12·ΣQ, or INT32_MIN
+// where the group takes the tables (then built into tb, 32 bytes per column
+// as BuildFp4ProductTables). q: QuantizeActRows' output (E4M3 × 2^119).
+void BuildFp4IntActs(const float* q, int64_t K, int8_t* pqi, int32_t* pcorr, uint8_t* tb) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
+  const int32_t lo_bits = std::bit_cast<int32_t>(0x1p116f);             // 2^-3 · 2^119
+  const int32_t hi_bits = std::bit_cast<int32_t>(448.0f * 0x1p119f);    // 448 · 2^119
+  const __m256i lo_m1 = _mm256_set1_epi32(lo_bits - 1), hi_p1 = _mm256_set1_epi32(hi_bits + 1);
+  const __m256 to_q = _mm256_set1_ps(0x1p-113f);  // q·2^119 → 64q
+  const __m256i even_odd = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  // Per 128-bit lane: byte 0 of each dword into bytes 0..3 (Ql), the rest zero.
+  const __m256i low_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12,
+                                             -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i to_hi = _mm256_setr_epi8(-1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                         0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i c128 = _mm256_set1_epi32(128);
+  for (int64_t g = 0; g < K / 32; ++g) {
+    __m256i ok = _mm256_set1_epi32(-1), sum = _mm256_setzero_si256();
+    for (int64_t j = 0; j < 4; ++j) {
+      const __m256 v = _mm256_loadu_ps(q + g * 32 + j * 8);
+      const __m256i bits = _mm256_and_si256(_mm256_castps_si256(v), abs_mask);
+      const __m256i in_range = _mm256_and_si256(_mm256_cmpgt_epi32(bits, lo_m1), _mm256_cmpgt_epi32(hi_p1, bits));
+      ok = _mm256_and_si256(ok, _mm256_or_si256(in_range, _mm256_cmpeq_epi32(bits, _mm256_setzero_si256())));
+      // 64q: an integer wherever ok (a garbage value elsewhere, then unused).
+      const __m256i qi = _mm256_permutevar8x32_epi32(_mm256_cvttps_epi32(_mm256_mul_ps(v, to_q)), even_odd);
+      sum = _mm256_add_epi32(sum, qi);
+      const __m256i qh = _mm256_srai_epi32(_mm256_add_epi32(qi, c128), 8);  // Q = 256·Qh + Ql, Ql in [-128, 127]
+      const __m256i b = _mm256_or_si256(_mm256_shuffle_epi8(qi, low_bytes), _mm256_shuffle_epi8(qh, to_hi));
+      // Lane 0 (even columns): Ql, Qh; lane 1 (odd): Ql, Qh → 16 bytes.
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(pqi + g * 64 + j * 16),
+                       _mm256_castsi256_si128(_mm256_permute4x64_epi64(b, 0x08)));
+    }
+    if (_mm256_movemask_epi8(ok) == -1) {
+      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+      const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+      pcorr[g] = 12 * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+    } else {
+      pcorr[g] = INT32_MIN;
+      BuildFp4ProductTables(q + g * 32, 32, tb + g * 32 * 32);
+    }
+  }
+}
+
+// The partial sums (reference units / 2, as the FP32 paths) of one group g
+// for 32·H rows roff.. by the integer dots above; lanes in row order.
+template <int H>
+HWY_INLINE void Fp4GroupIntDots(const uint32_t* w32, const int8_t* qg, int32_t corr, int64_t g, int64_t roff,
+                                __m256* part) {
+  const __m256i lo4 = _mm256_set1_epi8(0x0F);
+  // 2·E2M1(code) + 12 for codes 0..15 (code 8 is −0: 12), per 128-bit lane.
+  const __m256i wtab = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15, 16,
+                                        18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i vcorr = _mm256_set1_epi32(corr);
+  const __m256 unit = _mm256_set1_ps(0x1p-8f);  // 128·Σq·w → Σq·w/2
+  HWY_UNROLL(8)
+  for (int v = 0; v < 4 * H; ++v) {
+    __m256i al = _mm256_setzero_si256(), ah = _mm256_setzero_si256();
+    HWY_UNROLL(2)
+    for (int jp = 0; jp < 2; ++jp) {
+      __m256i sl = _mm256_setzero_si256(), sh = _mm256_setzero_si256();
+      HWY_UNROLL(2)
+      for (int jj = 0; jj < 2; ++jj) {
+        const int64_t j = 2 * jp + jj;
+        const __m256i x =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w32 + (g * 4 + j) * kTileRows + roff + 8 * v));
+        const __m256i wl = _mm256_shuffle_epi8(wtab, _mm256_and_si256(x, lo4));
+        const __m256i wh = _mm256_shuffle_epi8(wtab, _mm256_and_si256(_mm256_srli_epi16(x, 4), lo4));
+        const int8_t* qj = qg + 16 * j;
+        int32_t d[4];
+        std::memcpy(d, qj, 16);
+        const __m256i tl = _mm256_add_epi16(_mm256_maddubs_epi16(wl, _mm256_set1_epi32(d[0])),
+                                            _mm256_maddubs_epi16(wh, _mm256_set1_epi32(d[2])));
+        const __m256i th = _mm256_add_epi16(_mm256_maddubs_epi16(wl, _mm256_set1_epi32(d[1])),
+                                            _mm256_maddubs_epi16(wh, _mm256_set1_epi32(d[3])));
+        sl = jj == 0 ? tl : _mm256_add_epi16(sl, tl);
+        sh = jj == 0 ? th : _mm256_add_epi16(sh, th);
+      }
+      al = _mm256_add_epi32(al, _mm256_madd_epi16(sl, ones));
+      ah = _mm256_add_epi32(ah, _mm256_madd_epi16(sh, ones));
+    }
+    const __m256i s = _mm256_sub_epi32(_mm256_add_epi32(_mm256_slli_epi32(ah, 8), al), vcorr);
+    part[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(s), unit);
+  }
+}
+
 // GEMV of activation row m0 (a.pt holds its tables) over 32·H rows roff..
 // of one packed tile (H = 2: the whole tile, so each 256-byte stripe of
 // the tile is read in one pass and each column's tables are loaded once for
@@ -203,6 +313,13 @@ HWY_INLINE void Fp4GemvTables(const QArgs& a, const uint8_t* wt, const uint8_t* 
   const int64_t groups = a.K / 32;
   for (int64_t g = 0; g < groups; ++g) {
     __m256 part[4 * H];
+    if (a.pcorr[g] != INT32_MIN) {
+      const uint8_t* pf = reinterpret_cast<const uint8_t*>(w32 + g * 4 * kTileRows + roff) + kPrefetchBytes;
+      HWY_UNROLL(8)
+      for (int j = 0; j < 4; ++j)
+        for (int l = 0; l < 2 * H; ++l) hwy::Prefetch(pf + j * kTileRows * 4 + 64 * l);
+      Fp4GroupIntDots<H>(w32, a.pqi + g * 64, a.pcorr[g], g, roff, part);
+    } else {
     for (int v = 0; v < 4 * H; ++v) part[v] = _mm256_setzero_ps();
     for (int64_t j = 0; j < 4; ++j) {
       const uint32_t* wj = w32 + (g * 4 + j) * kTileRows + roff;
@@ -258,6 +375,7 @@ HWY_INLINE void Fp4GemvTables(const QArgs& a, const uint8_t* wt, const uint8_t* 
       const __m256 ev = part[v], od = part[v + 1];
       part[v] = _mm256_unpacklo_ps(ev, od);
       part[v + 1] = _mm256_unpackhi_ps(ev, od);
+    }
     }
     const __m256 s = _mm256_set1_ps(sa[(g * 32) / a.ab]);
     const uint8_t* sg = st + g * kTileRows + roff;
@@ -427,8 +545,12 @@ void RunFp4Call(QArgs& a) {
   if (a.M < kBlockGemmMinM && a.M % kMicroMT == 1) {
     ActBuffers& buf = ThreadActBuffers();
     if (static_cast<int64_t>(buf.pt.size()) < 32 * a.K) buf.pt.resize(32 * a.K);
-    BuildFp4ProductTables(a.q + (a.M - 1) * a.ldq, a.K, buf.pt.data());
+    if (static_cast<int64_t>(buf.pqi.size()) < 2 * a.K) buf.pqi.resize(2 * a.K);
+    if (static_cast<int64_t>(buf.pcorr.size()) < a.K / 32) buf.pcorr.resize(a.K / 32);
+    BuildFp4IntActs(a.q + (a.M - 1) * a.ldq, a.K, buf.pqi.data(), buf.pcorr.data(), buf.pt.data());
     a.pt = buf.pt.data();
+    a.pqi = buf.pqi.data();
+    a.pcorr = buf.pcorr.data();
     a.pt_row = a.M - 1;
   }
 #endif
