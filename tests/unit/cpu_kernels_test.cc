@@ -254,27 +254,30 @@ TEST(CpuKernels, LinearFp4BitIdentical) {
   });
 }
 
-// The AVX2 GEMV's integer dots (linear_fp4.cc BuildFp4IntActs): groups whose
-// nonzero |q| are all >= 2^-3 (here: normal activations, amax scaled to 448)
-// are summed exactly in integers, the others by the tables, group by group.
+// The AVX2 integer dots (linear_fp4.cc BuildFp4IntActs, below 16 rows):
+// groups whose nonzero |q| are all >= 2^-3 are summed exactly in integers,
+// the others by the tables (the row alone) or the FP32 micro-tile, group by
+// group; a micro-tile takes the integers only where all its rows can.
 // Gaussian rows (a few groups with a tiny value fall back), the largest
 // magnitudes (every q ±448 against every w ±6: the words' and dwords' range),
-// and groups that alternate between the two paths inside one row.
+// and groups that switch between the paths inside a row and between rows.
 TEST(CpuKernels, LinearFp4IntegerDotGroupsBitIdentical) {
-  const int64_t N = 192, K = 1024;
+  const int64_t N = 192, K = 1024, R = 15;
   std::mt19937_64 rng(4242);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> gauss(4 * K), extreme(4 * K), mixed(4 * K);
+  std::vector<float> gauss(R * K), extreme(R * K), mixed(R * K);
   for (auto& v : gauss) v = RoundBf16(nd(rng));
-  for (int64_t i = 0; i < 4 * K; ++i) {
-    const int64_t k = i % K, g = k / 32;
+  for (int64_t i = 0; i < R * K; ++i) {
+    const int64_t k = i % K, g = k / 32, row = i / K;
     extreme[i] = ((i / 3) % 2 == 0 ? 448.0f : -448.0f) * (g % 3 == 0 ? 1.0f : 0.75f);
-    // Each group's first value is 448 (activation scale 1, q = x): odd groups
-    // also hold 2^-12 (below the 2^-3 line: the tables), even groups 0, −0,
-    // the edge 2^-3 itself and values from 2^-3 up.
+    // Each group's first value is 448 (activation scale 1, q = x). Groups
+    // with g % 5 == 1, and with g % 3 == 0 in even rows, also hold 2^-12
+    // (below the 2^-3 line); the others 0, −0, the edge 2^-3 itself and
+    // values from 2^-3 up.
     const float big = RoundBf16(std::copysign(0.125f + std::min(std::fabs(nd(rng)) * 60.0f, 300.0f), nd(rng)));
+    const bool tiny = g % 5 == 1 || (g % 3 == 0 && row % 2 == 0);
     if (k % 32 == 0) mixed[i] = 448.0f;
-    else if (g % 2 == 1) mixed[i] = (k % 32 == 5) ? std::ldexp(1.0f, -12) : big;
+    else if (tiny) mixed[i] = (k % 32 == 5) ? std::ldexp(1.0f, -12) : big;
     else mixed[i] = (k % 32 == 1) ? -0.125f : (k % 32 == 2) ? -0.0f : (k % 32 == 3) ? 0.0f : big;
   }
   // Weights: every code; for the extreme rows also all ±6 (codes 7 and 15).
@@ -283,7 +286,9 @@ TEST(CpuKernels, LinearFp4IntegerDotGroupsBitIdentical) {
   WithAndWithoutBf16Dot([&] {
     ForEachTarget([&] {
       for (const Fp8Format fmt : {Fp8Format::kE4M3FN, Fp8Format::kE4M3Ieee}) {
-        for (int64_t M : {1, 4}) {  // M = 4: the last row alone (AVX2 micro-tile remainder)
+        // M = 1: the GEMV; 2, 3: one micro-tile; 4, 7: micro-tiles and the
+        // last row alone; 15: five micro-tiles (the most below the block GEMM).
+        for (int64_t M : {1, 2, 3, 4, 7, 15}) {
           CheckFp4(M, N, K, 32, 31, fmt, {gauss.begin(), gauss.begin() + M * K});
           CheckFp4(M, N, K, 128, 32, fmt, {mixed.begin(), mixed.begin() + M * K});
           CheckFp4(M, N, K, 32, 33, fmt, {extreme.begin(), extreme.begin() + M * K}, all6);

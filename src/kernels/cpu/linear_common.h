@@ -55,8 +55,8 @@ struct QArgs {
   // (linear_fp4.cc BuildFp4ProductTables: 32 bytes per column), or null.
   const uint8_t* pt = nullptr;
   int64_t pt_row = -1;
-  // ... and its integer operands (BuildFp4IntActs: 64 bytes per 32-column
-  // group) with each group's correction, INT32_MIN where the group takes the
+  // ... and every row's integer operands (BuildFp4IntActs: kFp4IntActBytes
+  // per column) with each group's correction, INT32_MIN where the group takes the
   // tables instead.
   const int8_t* pqi = nullptr;
   const int32_t* pcorr = nullptr;
@@ -133,6 +133,10 @@ inline bool Bf16FmaExact(const ExpRange& x, const ExpRange& w) {
 // BlockScratch::w and run every activation row of the m-chunk over it; the
 // accumulators of the chunk live in BlockScratch::acc.
 inline constexpr int64_t kBlockGemmMinM = 16;
+
+// linear_fp4.cc BuildFp4IntActs: bytes of integer operands per activation
+// column (AVX2, each row below kBlockGemmMinM).
+inline constexpr int64_t kFp4IntActBytes = 2;
 struct BlockScratch {
   AlignedArray<float> w, sw, acc;  // 64-byte aligned (StoreRows loads acc aligned)
   int64_t nw = 0, nacc = 0;

@@ -206,11 +206,12 @@ void BuildFp4ProductTables(const float* q, int64_t K, uint8_t* tb) {
 // transposition: the lanes are the rows in order. A group with a smaller
 // nonzero |q|, or a NaN/Inf, takes the tables.
 
-// Row q's operands, per 32-column group g: pqi[64g + 16j ..] = the 4 dwords
+// Row q's operands (kFp4IntActBytes per column), per 32-column group g:
+// pqi[64g + 16j ..] = the 4 dwords
 // Ql(8j+0,2,4,6), Qh(8j+0,2,4,6), Ql(8j+1,3,5,7), Qh(8j+1,3,5,7) (the even
 // columns are the packed bytes' low nibbles); pcorr[g] = 12·ΣQ, or INT32_MIN
-// where the group takes the tables (then built into tb, 32 bytes per column
-// as BuildFp4ProductTables). q: QuantizeActRows' output (E4M3 × 2^119).
+// where the group cannot take them (its tables are then built into tb, 32
+// bytes per column as BuildFp4ProductTables, unless tb is null). q: QuantizeActRows' output (E4M3 × 2^119).
 void BuildFp4IntActs(const float* q, int64_t K, int8_t* pqi, int32_t* pcorr, uint8_t* tb) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
   const int32_t lo_bits = std::bit_cast<int32_t>(0x1p116f);             // 2^-3 · 2^119
@@ -246,29 +247,32 @@ void BuildFp4IntActs(const float* q, int64_t K, int8_t* pqi, int32_t* pcorr, uin
       pcorr[g] = 12 * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
     } else {
       pcorr[g] = INT32_MIN;
-      BuildFp4ProductTables(q + g * 32, 32, tb + g * 32 * 32);
+      if (tb != nullptr) BuildFp4ProductTables(q + g * 32, 32, tb + g * 32 * 32);
     }
   }
 }
 
-// The partial sums (reference units / 2, as the FP32 paths) of one group g
-// for 32·H rows roff.. by the integer dots above; lanes in row order.
-template <int H>
-HWY_INLINE void Fp4GroupIntDots(const uint32_t* w32, const int8_t* qg, int32_t corr, int64_t g, int64_t roff,
-                                __m256* part) {
+// The partial sums (reference units / 2, as the FP32 paths) of group g for
+// V·8 rows roff.. and MT activation rows (row m's operands at qg[m], its
+// correction corr[m]): part[m][v], lanes in row order. The weight bytes of
+// each 8 × 8 block are formed once for the MT rows.
+template <int V, int MT>
+HWY_INLINE void Fp4GroupIntDots(const uint32_t* w32, const int8_t* const* qg, const int32_t* corr, int64_t g,
+                                int64_t roff, __m256 (*part)[V]) {
   const __m256i lo4 = _mm256_set1_epi8(0x0F);
   // 2·E2M1(code) + 12 for codes 0..15 (code 8 is −0: 12), per 128-bit lane.
   const __m256i wtab = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15, 16,
                                         18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i vcorr = _mm256_set1_epi32(corr);
+  const __m256i ones = _mm256_set1_epi16(1), c256 = _mm256_set1_epi16(256);
   const __m256 unit = _mm256_set1_ps(0x1p-8f);  // 128·Σq·w → Σq·w/2
   HWY_UNROLL(8)
-  for (int v = 0; v < 4 * H; ++v) {
-    __m256i al = _mm256_setzero_si256(), ah = _mm256_setzero_si256();
+  for (int v = 0; v < V; ++v) {
+    __m256i acc[MT];
+    HWY_UNROLL(4)
+    for (int m = 0; m < MT; ++m) acc[m] = _mm256_setzero_si256();
     HWY_UNROLL(2)
     for (int jp = 0; jp < 2; ++jp) {
-      __m256i sl = _mm256_setzero_si256(), sh = _mm256_setzero_si256();
+      __m256i sl[MT], sh[MT];
       HWY_UNROLL(2)
       for (int jj = 0; jj < 2; ++jj) {
         const int64_t j = 2 * jp + jj;
@@ -276,21 +280,26 @@ HWY_INLINE void Fp4GroupIntDots(const uint32_t* w32, const int8_t* qg, int32_t c
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w32 + (g * 4 + j) * kTileRows + roff + 8 * v));
         const __m256i wl = _mm256_shuffle_epi8(wtab, _mm256_and_si256(x, lo4));
         const __m256i wh = _mm256_shuffle_epi8(wtab, _mm256_and_si256(_mm256_srli_epi16(x, 4), lo4));
-        const int8_t* qj = qg + 16 * j;
-        int32_t d[4];
-        std::memcpy(d, qj, 16);
-        const __m256i tl = _mm256_add_epi16(_mm256_maddubs_epi16(wl, _mm256_set1_epi32(d[0])),
-                                            _mm256_maddubs_epi16(wh, _mm256_set1_epi32(d[2])));
-        const __m256i th = _mm256_add_epi16(_mm256_maddubs_epi16(wl, _mm256_set1_epi32(d[1])),
-                                            _mm256_maddubs_epi16(wh, _mm256_set1_epi32(d[3])));
-        sl = jj == 0 ? tl : _mm256_add_epi16(sl, tl);
-        sh = jj == 0 ? th : _mm256_add_epi16(sh, th);
+        HWY_UNROLL(4)
+        for (int m = 0; m < MT; ++m) {
+          int32_t d[4];
+          std::memcpy(d, qg[m] + 16 * j, 16);
+          const __m256i tl = _mm256_add_epi16(_mm256_maddubs_epi16(wl, _mm256_set1_epi32(d[0])),
+                                              _mm256_maddubs_epi16(wh, _mm256_set1_epi32(d[2])));
+          const __m256i th = _mm256_add_epi16(_mm256_maddubs_epi16(wl, _mm256_set1_epi32(d[1])),
+                                              _mm256_maddubs_epi16(wh, _mm256_set1_epi32(d[3])));
+          sl[m] = jj == 0 ? tl : _mm256_add_epi16(sl[m], tl);
+          sh[m] = jj == 0 ? th : _mm256_add_epi16(sh[m], th);
+        }
       }
-      al = _mm256_add_epi32(al, _mm256_madd_epi16(sl, ones));
-      ah = _mm256_add_epi32(ah, _mm256_madd_epi16(sh, ones));
+      // Dwords: the Ql words plus 256 × the Qh words (|·| < 2^24: no overflow).
+      HWY_UNROLL(4)
+      for (int m = 0; m < MT; ++m)
+        acc[m] = _mm256_add_epi32(acc[m], _mm256_add_epi32(_mm256_madd_epi16(sl[m], ones), _mm256_madd_epi16(sh[m], c256)));
     }
-    const __m256i s = _mm256_sub_epi32(_mm256_add_epi32(_mm256_slli_epi32(ah, 8), al), vcorr);
-    part[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(s), unit);
+    HWY_UNROLL(4)
+    for (int m = 0; m < MT; ++m)
+      part[m][v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc[m], _mm256_set1_epi32(corr[m]))), unit);
   }
 }
 
@@ -313,12 +322,14 @@ HWY_INLINE void Fp4GemvTables(const QArgs& a, const uint8_t* wt, const uint8_t* 
   const int64_t groups = a.K / 32;
   for (int64_t g = 0; g < groups; ++g) {
     __m256 part[4 * H];
-    if (a.pcorr[g] != INT32_MIN) {
+    if (a.pcorr[m0 * groups + g] != INT32_MIN) {
       const uint8_t* pf = reinterpret_cast<const uint8_t*>(w32 + g * 4 * kTileRows + roff) + kPrefetchBytes;
       HWY_UNROLL(8)
       for (int j = 0; j < 4; ++j)
         for (int l = 0; l < 2 * H; ++l) hwy::Prefetch(pf + j * kTileRows * 4 + 64 * l);
-      Fp4GroupIntDots<H>(w32, a.pqi + g * 64, a.pcorr[g], g, roff, part);
+      const int8_t* qg = a.pqi + m0 * kFp4IntActBytes * a.K + g * 64;
+      const int32_t corr = a.pcorr[m0 * groups + g];
+      Fp4GroupIntDots<4 * H, 1>(w32, &qg, &corr, g, roff, reinterpret_cast<__m256(*)[4 * H]>(part));
     } else {
     for (int v = 0; v < 4 * H; ++v) part[v] = _mm256_setzero_ps();
     for (int64_t j = 0; j < 4; ++j) {
@@ -415,6 +426,30 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
   const uint32_t* w32 = reinterpret_cast<const uint32_t*>(wt);
   for (int64_t g = 0; g < groups; ++g) {
     VF part[MT][V];
+#if HWY_TARGET == HWY_AVX2
+    // The integer dots (Fp4GroupIntDots) where every row's group can take them.
+    bool ints = a.pcorr != nullptr;
+    const int8_t* qg[MT];
+    int32_t corr[MT];
+    HWY_UNROLL(4)
+    for (int m = 0; m < MT; ++m) {
+      corr[m] = ints ? a.pcorr[(m0 + m) * groups + g] : INT32_MIN;
+      qg[m] = ints ? a.pqi + (m0 + m) * kFp4IntActBytes * a.K + g * 64 : nullptr;
+      ints = ints && corr[m] != INT32_MIN;
+    }
+    if (ints) {
+      __m256 ip[MT][V];
+      const uint8_t* pf = reinterpret_cast<const uint8_t*>(w32 + g * 4 * kTileRows + roff) + kPrefetchBytes;
+      HWY_UNROLL(4)
+      for (int j = 0; j < 4; ++j) hwy::Prefetch(pf + j * kTileRows * 4);
+      Fp4GroupIntDots<V, MT>(w32, qg, corr, g, roff, ip);
+      HWY_UNROLL(4)
+      for (int m = 0; m < MT; ++m) {
+        HWY_UNROLL(8)
+        for (int v = 0; v < V; ++v) part[m][v] = VF{ip[m][v]};
+      }
+    } else {
+#endif
     HWY_UNROLL(8)
     for (int m = 0; m < MT; ++m) {
       HWY_UNROLL(8)
@@ -439,6 +474,9 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
         }
       }
     }
+#if HWY_TARGET == HWY_AVX2
+    }
+#endif
     const uint8_t* sg = st + g * kTileRows + roff;
     const int64_t kb = (g * 32) / a.ab;
     HWY_UNROLL(8)
@@ -537,21 +575,28 @@ void RunFp4Call(QArgs& a) {
   }
 #endif
 #if HWY_TARGET == HWY_AVX2
-  // The row that runs alone (MT = 1: M = 1, or the last row when
-  // M % kMicroMT == 1) takes the table GEMV; its tables are built once here.
-  // The tables keep the upper 16 bits of each product, which is exact only
-  // because a.q holds QuantizeActRows' output (E4M3 values × 2^119, or
-  // NaN/Inf); a caller with other activations must not set a.pt.
-  if (a.M < kBlockGemmMinM && a.M % kMicroMT == 1) {
+  // Below the block GEMM's rows every activation row gets its integer-dot
+  // operands (BuildFp4IntActs), and the row that runs alone (MT = 1: M = 1,
+  // or the last row when M % kMicroMT == 1, the table GEMV) the product
+  // tables of the groups that cannot take them. Both are exact only because
+  // a.q holds QuantizeActRows' output (E4M3 values × 2^119, or NaN/Inf); a
+  // caller with other activations must not set a.pt / a.pqi.
+  if (a.M < kBlockGemmMinM) {
     ActBuffers& buf = ThreadActBuffers();
+    const int64_t groups = a.K / 32;
     if (static_cast<int64_t>(buf.pt.size()) < 32 * a.K) buf.pt.resize(32 * a.K);
-    if (static_cast<int64_t>(buf.pqi.size()) < 2 * a.K) buf.pqi.resize(2 * a.K);
-    if (static_cast<int64_t>(buf.pcorr.size()) < a.K / 32) buf.pcorr.resize(a.K / 32);
-    BuildFp4IntActs(a.q + (a.M - 1) * a.ldq, a.K, buf.pqi.data(), buf.pcorr.data(), buf.pt.data());
-    a.pt = buf.pt.data();
+    if (static_cast<int64_t>(buf.pqi.size()) < a.M * kFp4IntActBytes * a.K) buf.pqi.resize(a.M * kFp4IntActBytes * a.K);
+    if (static_cast<int64_t>(buf.pcorr.size()) < a.M * groups) buf.pcorr.resize(a.M * groups);
+    const bool alone = a.M % kMicroMT == 1;
+    for (int64_t m = 0; m < a.M; ++m)
+      BuildFp4IntActs(a.q + m * a.ldq, a.K, buf.pqi.data() + m * kFp4IntActBytes * a.K, buf.pcorr.data() + m * groups,
+                      alone && m == a.M - 1 ? buf.pt.data() : nullptr);
     a.pqi = buf.pqi.data();
     a.pcorr = buf.pcorr.data();
-    a.pt_row = a.M - 1;
+    if (alone) {
+      a.pt = buf.pt.data();
+      a.pt_row = a.M - 1;
+    }
   }
 #endif
   RunLinearCall(a, &RunFp4);
