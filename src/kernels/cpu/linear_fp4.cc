@@ -186,8 +186,9 @@ void BuildFp4ProductTables(const float* q, int64_t K, uint8_t* tb) {
   }
 }
 
-// ---------------------------------------------------------------- AVX2 GEMV by integer dots
-// Most 32-column groups need neither tables nor FP32 adds. If every nonzero
+// ---------------------------------------------------------------- AVX2 below 16 rows: integer dots
+// Most 32-column groups need neither tables nor FP32 adds (docs/kernels.md
+// "FP4 on AVX2 below 16 rows: exact integer dots"). If every nonzero
 // |q| of the group (the E4M3 activations, in the reference's units) is at
 // least 2^-3, every q is a multiple of 2^-6 and every product q·w of a 2^-7
 // (w a multiple of 1/2); a running sum is at most 32·448·6 = 86016 < 2^17 in
@@ -204,14 +205,16 @@ void BuildFp4ProductTables(const float* q, int64_t K, uint8_t* tb) {
 // to the weight bytes, four vpmaddubsw, three or four word adds, one
 // vpmaddwd and one add per 16 columns — against ~30 for the tables — and no
 // transposition: the lanes are the rows in order. A group with a smaller
-// nonzero |q|, or a NaN/Inf, takes the tables.
+// nonzero |q|, or a NaN/Inf, takes the tables (the GEMV) or the FP32
+// micro-tile (several rows: also when another row of the tile fails).
 
 // Row q's operands (kFp4IntActBytes per column), per 32-column group g:
 // pqi[64g + 16j ..] = the 4 dwords
 // Ql(8j+0,2,4,6), Qh(8j+0,2,4,6), Ql(8j+1,3,5,7), Qh(8j+1,3,5,7) (the even
 // columns are the packed bytes' low nibbles); pcorr[g] = 12·ΣQ, or INT32_MIN
 // where the group cannot take them (its tables are then built into tb, 32
-// bytes per column as BuildFp4ProductTables, unless tb is null). q: QuantizeActRows' output (E4M3 × 2^119).
+// bytes per column as BuildFp4ProductTables, unless tb is null).
+// q: QuantizeActRows' output (E4M3 values × 2^119, or NaN/Inf).
 void BuildFp4IntActs(const float* q, int64_t K, int8_t* pqi, int32_t* pcorr, uint8_t* tb) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
   const int32_t lo_bits = std::bit_cast<int32_t>(0x1p116f);             // 2^-3 · 2^119
@@ -295,7 +298,8 @@ HWY_INLINE void Fp4GroupIntDots(const uint32_t* w32, const int8_t* const* qg, co
       // Dwords: the Ql words plus 256 × the Qh words (|·| < 2^24: no overflow).
       HWY_UNROLL(4)
       for (int m = 0; m < MT; ++m)
-        acc[m] = _mm256_add_epi32(acc[m], _mm256_add_epi32(_mm256_madd_epi16(sl[m], ones), _mm256_madd_epi16(sh[m], c256)));
+        acc[m] = _mm256_add_epi32(
+            acc[m], _mm256_add_epi32(_mm256_madd_epi16(sl[m], ones), _mm256_madd_epi16(sh[m], c256)));
     }
     HWY_UNROLL(4)
     for (int m = 0; m < MT; ++m)
@@ -585,12 +589,13 @@ void RunFp4Call(QArgs& a) {
     ActBuffers& buf = ThreadActBuffers();
     const int64_t groups = a.K / 32;
     if (static_cast<int64_t>(buf.pt.size()) < 32 * a.K) buf.pt.resize(32 * a.K);
-    if (static_cast<int64_t>(buf.pqi.size()) < a.M * kFp4IntActBytes * a.K) buf.pqi.resize(a.M * kFp4IntActBytes * a.K);
+    if (static_cast<int64_t>(buf.pqi.size()) < a.M * kFp4IntActBytes * a.K)
+      buf.pqi.resize(a.M * kFp4IntActBytes * a.K);
     if (static_cast<int64_t>(buf.pcorr.size()) < a.M * groups) buf.pcorr.resize(a.M * groups);
     const bool alone = a.M % kMicroMT == 1;
     for (int64_t m = 0; m < a.M; ++m)
-      BuildFp4IntActs(a.q + m * a.ldq, a.K, buf.pqi.data() + m * kFp4IntActBytes * a.K, buf.pcorr.data() + m * groups,
-                      alone && m == a.M - 1 ? buf.pt.data() : nullptr);
+      BuildFp4IntActs(a.q + m * a.ldq, a.K, buf.pqi.data() + m * kFp4IntActBytes * a.K,
+                      buf.pcorr.data() + m * groups, alone && m == a.M - 1 ? buf.pt.data() : nullptr);
     a.pqi = buf.pqi.data();
     a.pcorr = buf.pcorr.data();
     if (alone) {
