@@ -203,7 +203,8 @@ void BuildFp4ProductTables(const float* q, int64_t K, uint8_t* tb) {
 // in magnitude, four column pairs 24 576. Per 64 weights (one dword of 8
 // columns for each of 8 rows): the two nibbles (3 instructions), two vpshufb
 // to the weight bytes, four vpmaddubsw, three or four word adds, one
-// vpmaddwd and one add per 16 columns — against ~30 for the tables — and no
+// vpmaddwd and one dword add (two each per 16 columns), four vpbroadcastd of
+// the activation bytes — 18, against ~30 for the tables — and no
 // transposition: the lanes are the rows in order. A group with a smaller
 // nonzero |q|, or a NaN/Inf, takes the tables (the GEMV) or the FP32
 // micro-tile (several rows: also when another row of the tile fails).
