@@ -308,25 +308,90 @@ HWY_INLINE void Fp4GroupIntDots(const uint32_t* w32, const int8_t* const* qg, co
   }
 }
 
-// GEMV of activation row m0 (a.pt holds its tables) over 32·H rows roff..
-// of one packed tile (H = 2: the whole tile, so each 256-byte stripe of
-// the tile is read in one pass and each column's tables are loaded once for
-// 64 rows); the same partial sums, fold and rounding as Fp4Gemv.
+// The partial sums of group g of activation row a.pt_row (a.pt holds its
+// tables) for 32·H rows roff.. of one packed tile, by the byte product
+// tables (see above); part[v] in row order.
 template <int H>
-HWY_INLINE void Fp4GemvTables(const QArgs& a, const uint8_t* wt, const uint8_t* st, int64_t roff, int64_t m0,
-                              int64_t n0) {
+HWY_INLINE void Fp4GroupTables(const QArgs& a, const uint32_t* w32, int64_t g, int64_t roff, __m256* part) {
   const __m256i lo4 = _mm256_set1_epi8(0x0F);
   const __m256i hword = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   // Per 128-bit lane (4 rows × 4 bytes): byte c of each row's dword together.
   const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13,
                                       2, 6, 10, 14, 3, 7, 11, 15);
+  for (int v = 0; v < 4 * H; ++v) part[v] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < 4; ++j) {
+    const uint32_t* wj = w32 + (g * 4 + j) * kTileRows + roff;
+    const uint8_t* pf = reinterpret_cast<const uint8_t*>(wj) + kPrefetchBytes;
+    HWY_UNROLL(4)
+    for (int l = 0; l < 2 * H; ++l) hwy::Prefetch(pf + 64 * l);
+    // Half hh: a_v = rows 32hh+8v..+7 (lane l: rows +4l..+3), byte c of
+    // each dword = columns 8j+2c (low nibble) and 8j+2c+1 (high nibble).
+    // b[hh][c], lane l, byte 4v+i: row 32hh + 8v + 4l + i, column pair c.
+    __m256i b[H][4];
+    HWY_UNROLL(2)
+    for (int hh = 0; hh < H; ++hh) {
+      const uint32_t* wh = wj + 32 * hh;
+      const __m256i a0 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wh)), tr);
+      const __m256i a1 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wh + 8)), tr);
+      const __m256i a2 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wh + 16)), tr);
+      const __m256i a3 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wh + 24)), tr);
+      const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
+      const __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
+      b[hh][0] = _mm256_unpacklo_epi64(t0, t2);
+      b[hh][1] = _mm256_unpackhi_epi64(t0, t2);
+      b[hh][2] = _mm256_unpacklo_epi64(t1, t3);
+      b[hh][3] = _mm256_unpackhi_epi64(t1, t3);
+    }
+    HWY_UNROLL(4)
+    for (int c = 0; c < 4; ++c) {
+      HWY_UNROLL(2)
+      for (int h = 0; h < 2; ++h) {
+        const int64_t k = g * 32 + j * 8 + 2 * c + h;
+        const __m256i tlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.pt + 32 * k)));
+        const __m256i thi =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.pt + 32 * k + 16)));
+        HWY_UNROLL(2)
+        for (int hh = 0; hh < H; ++hh) {
+          const __m256i idx =
+              h == 0 ? _mm256_and_si256(b[hh][c], lo4) : _mm256_and_si256(_mm256_srli_epi16(b[hh][c], 4), lo4);
+          const __m256i lo = _mm256_shuffle_epi8(tlo, idx), hi = _mm256_shuffle_epi8(thi, idx);
+          // BF16 words, then FP32: a dword's low word shifted up (part[4hh+0|2]) and its high
+          // word masked (part[4hh+1|3]); the lanes are put back in row order at the group end.
+          const __m256i w0 = _mm256_unpacklo_epi8(lo, hi), w1 = _mm256_unpackhi_epi8(lo, hi);
+          __m256* p = part + 4 * hh;
+          p[0] = _mm256_add_ps(p[0], _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)));
+          p[1] = _mm256_add_ps(p[1], _mm256_castsi256_ps(_mm256_and_si256(w0, hword)));
+          p[2] = _mm256_add_ps(p[2], _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)));
+          p[3] = _mm256_add_ps(p[3], _mm256_castsi256_ps(_mm256_and_si256(w1, hword)));
+        }
+      }
+    }
+  }
+  // part[4hh+2u] holds the even and part[4hh+2u+1] the odd of the 16 rows
+  // 32hh+16u..; interleaved, they are rows 32hh+16u..+7 and +8..+15 in order.
+  for (int v = 0; v < 4 * H; v += 2) {
+    const __m256 ev = part[v], od = part[v + 1];
+    part[v] = _mm256_unpacklo_ps(ev, od);
+    part[v + 1] = _mm256_unpackhi_ps(ev, od);
+  }
+}
+
+// GEMV of activation row m0 (a.pt holds its tables, a.pqi its integer
+// operands) over 32·H rows roff.. of one packed tile (H = 2: the whole tile,
+// so each 256-byte stripe of the tile is read in one pass and each column's
+// tables are loaded once for 64 rows); each group by the integer dots where
+// it can, else by the tables; the same fold and rounding as Fp4Gemv.
+template <int H>
+HWY_INLINE void Fp4GemvTables(const QArgs& a, const uint8_t* wt, const uint8_t* st, int64_t roff, int64_t m0,
+                              int64_t n0) {
   const uint32_t* w32 = reinterpret_cast<const uint32_t*>(wt);
   const float* sa = a.sa + m0 * (a.K / a.ab);
   HWY_ALIGN float acc[32 * H];
   for (int v = 0; v < 4 * H; ++v) _mm256_store_ps(acc + 8 * v, _mm256_setzero_ps());
   const int64_t groups = a.K / 32;
   for (int64_t g = 0; g < groups; ++g) {
-    __m256 part[4 * H];
+    __m256 parts[1][4 * H];
+    __m256* part = parts[0];
     if (a.pcorr[m0 * groups + g] != INT32_MIN) {
       const uint8_t* pf = reinterpret_cast<const uint8_t*>(w32 + g * 4 * kTileRows + roff) + kPrefetchBytes;
       HWY_UNROLL(8)
@@ -334,64 +399,9 @@ HWY_INLINE void Fp4GemvTables(const QArgs& a, const uint8_t* wt, const uint8_t* 
         for (int l = 0; l < 2 * H; ++l) hwy::Prefetch(pf + j * kTileRows * 4 + 64 * l);
       const int8_t* qg = a.pqi + m0 * kFp4IntActBytes * a.K + g * 64;
       const int32_t corr = a.pcorr[m0 * groups + g];
-      Fp4GroupIntDots<4 * H, 1>(w32, &qg, &corr, g, roff, reinterpret_cast<__m256(*)[4 * H]>(part));
+      Fp4GroupIntDots<4 * H, 1>(w32, &qg, &corr, g, roff, parts);
     } else {
-    for (int v = 0; v < 4 * H; ++v) part[v] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < 4; ++j) {
-      const uint32_t* wj = w32 + (g * 4 + j) * kTileRows + roff;
-      const uint8_t* pf = reinterpret_cast<const uint8_t*>(wj) + kPrefetchBytes;
-      HWY_UNROLL(4)
-      for (int l = 0; l < 2 * H; ++l) hwy::Prefetch(pf + 64 * l);
-      // Half hh: a_v = rows 32hh+8v..+7 (lane l: rows +4l..+3), byte c of
-      // each dword = columns 8j+2c (low nibble) and 8j+2c+1 (high nibble).
-      // b[hh][c], lane l, byte 4v+i: row 32hh + 8v + 4l + i, column pair c.
-      __m256i b[H][4];
-      HWY_UNROLL(2)
-      for (int hh = 0; hh < H; ++hh) {
-        const uint32_t* wh = wj + 32 * hh;
-        const __m256i a0 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wh)), tr);
-        const __m256i a1 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wh + 8)), tr);
-        const __m256i a2 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wh + 16)), tr);
-        const __m256i a3 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wh + 24)), tr);
-        const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
-        const __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
-        b[hh][0] = _mm256_unpacklo_epi64(t0, t2);
-        b[hh][1] = _mm256_unpackhi_epi64(t0, t2);
-        b[hh][2] = _mm256_unpacklo_epi64(t1, t3);
-        b[hh][3] = _mm256_unpackhi_epi64(t1, t3);
-      }
-      HWY_UNROLL(4)
-      for (int c = 0; c < 4; ++c) {
-        HWY_UNROLL(2)
-        for (int h = 0; h < 2; ++h) {
-          const int64_t k = g * 32 + j * 8 + 2 * c + h;
-          const __m256i tlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.pt + 32 * k)));
-          const __m256i thi =
-              _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.pt + 32 * k + 16)));
-          HWY_UNROLL(2)
-          for (int hh = 0; hh < H; ++hh) {
-            const __m256i idx =
-                h == 0 ? _mm256_and_si256(b[hh][c], lo4) : _mm256_and_si256(_mm256_srli_epi16(b[hh][c], 4), lo4);
-            const __m256i lo = _mm256_shuffle_epi8(tlo, idx), hi = _mm256_shuffle_epi8(thi, idx);
-            // BF16 words, then FP32: a dword's low word shifted up (part[4hh+0|2]) and its high
-            // word masked (part[4hh+1|3]); the lanes are put back in row order at the group end.
-            const __m256i w0 = _mm256_unpacklo_epi8(lo, hi), w1 = _mm256_unpackhi_epi8(lo, hi);
-            __m256* p = part + 4 * hh;
-            p[0] = _mm256_add_ps(p[0], _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)));
-            p[1] = _mm256_add_ps(p[1], _mm256_castsi256_ps(_mm256_and_si256(w0, hword)));
-            p[2] = _mm256_add_ps(p[2], _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)));
-            p[3] = _mm256_add_ps(p[3], _mm256_castsi256_ps(_mm256_and_si256(w1, hword)));
-          }
-        }
-      }
-    }
-    // part[4hh+2u] holds the even and part[4hh+2u+1] the odd of the 16 rows
-    // 32hh+16u..; interleaved, they are rows 32hh+16u..+7 and +8..+15 in order.
-    for (int v = 0; v < 4 * H; v += 2) {
-      const __m256 ev = part[v], od = part[v + 1];
-      part[v] = _mm256_unpacklo_ps(ev, od);
-      part[v + 1] = _mm256_unpackhi_ps(ev, od);
-    }
+      Fp4GroupTables<H>(a, w32, g, roff, part);
     }
     const __m256 s = _mm256_set1_ps(sa[(g * 32) / a.ab]);
     const uint8_t* sg = st + g * kTileRows + roff;
@@ -589,11 +599,11 @@ void RunFp4Call(QArgs& a) {
   if (a.M < kBlockGemmMinM) {
     ActBuffers& buf = ThreadActBuffers();
     const int64_t groups = a.K / 32;
-    if (static_cast<int64_t>(buf.pt.size()) < 32 * a.K) buf.pt.resize(32 * a.K);
+    const bool alone = a.M % kMicroMT == 1;
+    if (alone && static_cast<int64_t>(buf.pt.size()) < 32 * a.K) buf.pt.resize(32 * a.K);
     if (static_cast<int64_t>(buf.pqi.size()) < a.M * kFp4IntActBytes * a.K)
       buf.pqi.resize(a.M * kFp4IntActBytes * a.K);
     if (static_cast<int64_t>(buf.pcorr.size()) < a.M * groups) buf.pcorr.resize(a.M * groups);
-    const bool alone = a.M % kMicroMT == 1;
     for (int64_t m = 0; m < a.M; ++m)
       BuildFp4IntActs(a.q + m * a.ldq, a.K, buf.pqi.data() + m * kFp4IntActBytes * a.K,
                       buf.pcorr.data() + m * groups, alone && m == a.M - 1 ? buf.pt.data() : nullptr);
