@@ -338,12 +338,15 @@ void RunKernels(const KernelArgs& args) {
   std::printf("bench kernels: %s, %d threads, target %s\n", out["machine"]["cpu"].get<std::string>().c_str(),
               threads, cpu::ActiveTarget().c_str());
   // AVX-512 with AVX512_BF16: the BF16 pair dots (FP4 always, FP8 for
-  // M >= 96); the FP32 path is measured beside them (GEMV kernel
-  // "...-fp32-path", GEMM formats "fp4-fp32-path", "fp8-fp32-path").
+  // M >= 96); the path of an AVX-512 CPU without them is measured beside
+  // (GEMV kernel "...-fp32-path", GEMM formats "fp4-fp32-path",
+  // "fp8-fp32-path"; the name is historical: for the FP4 GEMV that path is
+  // now the integer dots of linear_fp4.cc, with FP32 for the groups they
+  // cannot take).
   const bool fp4_dot = cpu::Bf16DotSupported() && cpu::ActiveTarget().rfind("AVX3", 0) == 0;
   out["fp4_bf16_dot"] = fp4_dot;
   std::printf("  BF16 pair dots (VDPBF16PS; FP4, FP8 at M >= 96): %s\n",
-              fp4_dot ? "yes (FP32 path measured beside)" : "no");
+              fp4_dot ? "yes (the path without them measured beside: \"fp32-path\")" : "no");
   auto fp32_path = [](const std::function<void()>& f) {
     cpu::SetBf16Dot(false);
     f();

@@ -126,6 +126,57 @@ HWY_INLINE void Fp4GemvGroups(const QArgs& a, const uint32_t* w32, const uint8_t
   }
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// AVX-512 without the BF16 pair dots (e.g. Skylake-SP, Ice Lake): the
+// integer dots of the AVX2 kernels below (BuildFp4IntActs, Fp4GroupIntDots:
+// the same operands, arithmetic and exactness argument) on 16 rows per
+// vector: the partial sums (reference units / 2) of group g for V·16 rows
+// roff.. and MT activation rows; part[m][v], lanes in row order.
+template <int V, int MT>
+HWY_INLINE void Fp4GroupIntDots512(const uint32_t* w32, const int8_t* const* qg, const int32_t* corr, int64_t g,
+                                   int64_t roff, VF (*part)[V]) {
+  const __m512i lo4 = _mm512_set1_epi8(0x0F);
+  const __m512i wtab = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m512i ones = _mm512_set1_epi16(1), c256 = _mm512_set1_epi16(256);
+  const __m512 unit = _mm512_set1_ps(0x1p-8f);
+  HWY_UNROLL(8)
+  for (int v = 0; v < V; ++v) {
+    __m512i acc[MT];
+    HWY_UNROLL(8)
+    for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_si512();
+    HWY_UNROLL(2)
+    for (int jp = 0; jp < 2; ++jp) {
+      __m512i sl[MT], sh[MT];
+      HWY_UNROLL(2)
+      for (int jj = 0; jj < 2; ++jj) {
+        const int64_t j = 2 * jp + jj;
+        const __m512i x = _mm512_loadu_si512(w32 + (g * 4 + j) * kTileRows + roff + 16 * v);
+        const __m512i wl = _mm512_shuffle_epi8(wtab, _mm512_and_si512(x, lo4));
+        const __m512i wh = _mm512_shuffle_epi8(wtab, _mm512_and_si512(_mm512_srli_epi16(x, 4), lo4));
+        HWY_UNROLL(8)
+        for (int m = 0; m < MT; ++m) {
+          int32_t d[4];
+          std::memcpy(d, qg[m] + 16 * j, 16);
+          const __m512i tl = _mm512_add_epi16(_mm512_maddubs_epi16(wl, _mm512_set1_epi32(d[0])),
+                                              _mm512_maddubs_epi16(wh, _mm512_set1_epi32(d[2])));
+          const __m512i th = _mm512_add_epi16(_mm512_maddubs_epi16(wl, _mm512_set1_epi32(d[1])),
+                                              _mm512_maddubs_epi16(wh, _mm512_set1_epi32(d[3])));
+          sl[m] = jj == 0 ? tl : _mm512_add_epi16(sl[m], tl);
+          sh[m] = jj == 0 ? th : _mm512_add_epi16(sh[m], th);
+        }
+      }
+      HWY_UNROLL(8)
+      for (int m = 0; m < MT; ++m)
+        acc[m] = _mm512_add_epi32(
+            acc[m], _mm512_add_epi32(_mm512_madd_epi16(sl[m], ones), _mm512_madd_epi16(sh[m], c256)));
+    }
+    HWY_UNROLL(8)
+    for (int m = 0; m < MT; ++m)
+      part[m][v] = VF{_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m], _mm512_set1_epi32(corr[m]))), unit)};
+  }
+}
+#endif
+
 template <int V>
 HWY_INLINE void Fp4Gemv(const QArgs& a, const uint8_t* wt, const uint8_t* st, int64_t roff, int64_t m0, int64_t n0) {
   const DF df;
@@ -137,15 +188,39 @@ HWY_INLINE void Fp4Gemv(const QArgs& a, const uint8_t* wt, const uint8_t* st, in
   row.sa = a.sa + m0 * (a.K / a.ab);
   const uint32_t* w32 = reinterpret_cast<const uint32_t*>(wt);
   const int64_t groups = a.K / 32;
-  int64_t g = 0;
-  for (; g < groups; ++g) Fp4GemvGroups<V, 1>(row, w32, st, roff, g, acc);
+  for (int64_t g = 0; g < groups; ++g) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+    if (a.pcorr != nullptr && a.pcorr[m0 * groups + g] != INT32_MIN) {
+      const int8_t* qg = a.pqi + m0 * kFp4IntActBytes * a.K + g * 64;
+      const int32_t corr = a.pcorr[m0 * groups + g];
+      const uint8_t* pf = reinterpret_cast<const uint8_t*>(w32 + g * 4 * kTileRows + roff) + kPrefetchBytes;
+      HWY_UNROLL(4)
+      for (int j = 0; j < 4; ++j)
+        for (int l = 0; l < V; ++l) hwy::Prefetch(pf + j * kTileRows * 4 + 64 * l);
+      VF part[1][V];
+      Fp4GroupIntDots512<V, 1>(w32, &qg, &corr, g, roff, part);
+      const hn::RebindToUnsigned<DF> du;
+      const hn::Rebind<uint8_t, DF> d8;
+      const VF s = hn::Set(df, row.sa[(g * 32) / a.ab]);
+      const uint8_t* sg = st + g * kTileRows + roff;
+      HWY_UNROLL(8)
+      for (int v = 0; v < V; ++v) {
+        // UE8M0 byte b (1..254, checked at pack time) → 2^(b−127).
+        const VF sw = hn::BitCast(df, hn::ShiftLeft<23>(hn::PromoteTo(du, hn::LoadU(d8, sg + v * kLanes))));
+        acc[v] = hn::Add(acc[v], hn::Mul(hn::Mul(part[0][v], s), sw));
+      }
+      continue;
+    }
+#endif
+    Fp4GemvGroups<V, 1>(row, w32, st, roff, g, acc);
+  }
   HWY_ALIGN float out[V * kLanes];
   HWY_UNROLL(8)
   for (int v = 0; v < V; ++v) hn::Store(acc[v], df, out + v * kLanes);
   StoreRows<V, 1>(out, a, m0, n0 + roff, /*round=*/true);
 }
 
-#if HWY_TARGET == HWY_AVX2
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 // ---------------------------------------------------------------- AVX2 GEMV by byte tables
 // AVX2 has no 16-entry float lookup and no BF16 dot, so the GEMV above costs
 // six instructions per 8 weights (two shifts, vpermps, and, xor, add). Every
@@ -256,6 +331,8 @@ void BuildFp4IntActs(const float* q, int64_t K, int8_t* pqi, int32_t* pcorr, uin
   }
 }
 
+#endif  // the operands: AVX2 and AVX-512
+#if HWY_TARGET == HWY_AVX2
 // The partial sums (reference units / 2, as the FP32 paths) of group g for
 // V·8 rows roff.. and MT activation rows (row m's operands at qg[m], its
 // correction corr[m]): part[m][v], lanes in row order. The weight bytes of
@@ -443,6 +520,9 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
     VF part[MT][V];
 #if HWY_TARGET == HWY_AVX2
     // The integer dots (Fp4GroupIntDots) where every row's group can take them.
+    // (AVX2 only: on AVX-512 the 16-entry vpermps lookup is one instruction
+    // shared by the tile's rows, and the integers measured 2-2.5x slower at
+    // 2 and 4 rows.)
     bool ints = a.pcorr != nullptr;
     const int8_t* qg[MT];
     int32_t corr[MT];
@@ -453,10 +533,10 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
       ints = ints && corr[m] != INT32_MIN;
     }
     if (ints) {
-      __m256 ip[MT][V];
       const uint8_t* pf = reinterpret_cast<const uint8_t*>(w32 + g * 4 * kTileRows + roff) + kPrefetchBytes;
       HWY_UNROLL(4)
       for (int j = 0; j < 4; ++j) hwy::Prefetch(pf + j * kTileRows * 4);
+      __m256 ip[MT][V];
       Fp4GroupIntDots<V, MT>(w32, qg, corr, g, roff, ip);
       HWY_UNROLL(4)
       for (int m = 0; m < MT; ++m) {
@@ -587,6 +667,22 @@ void RunFp4Call(QArgs& a) {
     ActBuffers& buf = ThreadActBuffers();  // the caller's thread: a.q lives in buf.q, untouched here
     if (static_cast<int64_t>(buf.qp.size()) < a.M * (a.K / 2)) buf.qp.resize(a.M * (a.K / 2));
     if (PackActPairs(a.q, a.M, a.K, a.ldq, buf.qp.data())) a.qp = buf.qp.data();
+  }
+  // Without them (no AVX512_BF16, or the pack refused the activations): the
+  // integer dots for the row that runs alone (Fp4Gemv; the operands of every
+  // row, as on AVX2, so any tiling finds its row's), with the FP32 path as
+  // the fallback of a group. Several rows keep the FP32 micro-tile (above).
+  if (a.qp == nullptr && a.M < kBlockGemmMinM && a.M % kMicroMT == 1) {
+    ActBuffers& buf = ThreadActBuffers();
+    const int64_t groups = a.K / 32;
+    if (static_cast<int64_t>(buf.pqi.size()) < a.M * kFp4IntActBytes * a.K)
+      buf.pqi.resize(a.M * kFp4IntActBytes * a.K);
+    if (static_cast<int64_t>(buf.pcorr.size()) < a.M * groups) buf.pcorr.resize(a.M * groups);
+    for (int64_t m = 0; m < a.M; ++m)
+      BuildFp4IntActs(a.q + m * a.ldq, a.K, buf.pqi.data() + m * kFp4IntActBytes * a.K,
+                      buf.pcorr.data() + m * groups, nullptr);
+    a.pqi = buf.pqi.data();
+    a.pcorr = buf.pcorr.data();
   }
 #endif
 #if HWY_TARGET == HWY_AVX2
