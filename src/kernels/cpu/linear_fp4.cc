@@ -126,56 +126,100 @@ HWY_INLINE void Fp4GemvGroups(const QArgs& a, const uint32_t* w32, const uint8_t
   }
 }
 
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// The vector operations of the integer dots (Fp4GroupIntDots) at one width:
+// 8 rows per vector (AVX2), 16 (AVX-512 BW).
+struct IntDots256 {
+  using I = __m256i;
+  using F = __m256;
+  static constexpr int kRows = 8;
+  static I Load(const uint32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I Table(__m128i t) { return _mm256_broadcastsi128_si256(t); }
+  static I Set8(int8_t v) { return _mm256_set1_epi8(v); }
+  static I Set16(int16_t v) { return _mm256_set1_epi16(v); }
+  static I Set32(int32_t v) { return _mm256_set1_epi32(v); }
+  static I And(I a, I b) { return _mm256_and_si256(a, b); }
+  static I Nibble1(I x) { return _mm256_srli_epi16(x, 4); }
+  static I Lookup(I t, I i) { return _mm256_shuffle_epi8(t, i); }
+  static I MulBytes(I u8, I s8) { return _mm256_maddubs_epi16(u8, s8); }
+  static I MulWords(I a, I b) { return _mm256_madd_epi16(a, b); }
+  static I Add16(I a, I b) { return _mm256_add_epi16(a, b); }
+  static I Add32(I a, I b) { return _mm256_add_epi32(a, b); }
+  static F Partial(I acc, int32_t corr) {  // (acc − corr)·2^-8, exact
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc, Set32(corr))), _mm256_set1_ps(0x1p-8f));
+  }
+};
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-// AVX-512 without the BF16 pair dots (e.g. Skylake-SP, Ice Lake): the
-// integer dots of the AVX2 kernels below (BuildFp4IntActs, Fp4GroupIntDots:
-// the same operands, arithmetic and exactness argument) on 16 rows per
-// vector: the partial sums (reference units / 2) of group g for V·16 rows
-// roff.. and MT activation rows; part[m][v], lanes in row order.
-template <int V, int MT>
-HWY_INLINE void Fp4GroupIntDots512(const uint32_t* w32, const int8_t* const* qg, const int32_t* corr, int64_t g,
-                                   int64_t roff, VF (*part)[V]) {
-  const __m512i lo4 = _mm512_set1_epi8(0x0F);
-  const __m512i wtab = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-  const __m512i ones = _mm512_set1_epi16(1), c256 = _mm512_set1_epi16(256);
-  const __m512 unit = _mm512_set1_ps(0x1p-8f);
+struct IntDots512 {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int kRows = 16;
+  static I Load(const uint32_t* p) { return _mm512_loadu_si512(p); }
+  static I Table(__m128i t) { return _mm512_broadcast_i32x4(t); }
+  static I Set8(int8_t v) { return _mm512_set1_epi8(v); }
+  static I Set16(int16_t v) { return _mm512_set1_epi16(v); }
+  static I Set32(int32_t v) { return _mm512_set1_epi32(v); }
+  static I And(I a, I b) { return _mm512_and_si512(a, b); }
+  static I Nibble1(I x) { return _mm512_srli_epi16(x, 4); }
+  static I Lookup(I t, I i) { return _mm512_shuffle_epi8(t, i); }
+  static I MulBytes(I u8, I s8) { return _mm512_maddubs_epi16(u8, s8); }
+  static I MulWords(I a, I b) { return _mm512_madd_epi16(a, b); }
+  static I Add16(I a, I b) { return _mm512_add_epi16(a, b); }
+  static I Add32(I a, I b) { return _mm512_add_epi32(a, b); }
+  static F Partial(I acc, int32_t corr) {
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, Set32(corr))), _mm512_set1_ps(0x1p-8f));
+  }
+};
+#endif
+
+// The partial sums (reference units / 2, as the FP32 paths) of group g for
+// V·O::kRows rows roff.. and MT activation rows by the integer dots (see
+// BuildFp4IntActs below: row m's operands at qg[m], its correction corr[m]):
+// part[m][v], lanes in row order. The weight bytes of each block of rows ×
+// 8 columns are formed once for the MT rows.
+template <class O, int V, int MT>
+HWY_INLINE void Fp4GroupIntDots(const uint32_t* w32, const int8_t* const* qg, const int32_t* corr, int64_t g,
+                                int64_t roff, typename O::F (*part)[V]) {
+  using I = typename O::I;
+  const I lo4 = O::Set8(0x0F);
+  // 2·E2M1(code) + 12 for codes 0..15 (code 8 is −0: 12), per 128-bit lane.
+  const I wtab = O::Table(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const I ones = O::Set16(1), c256 = O::Set16(256);
   HWY_UNROLL(8)
   for (int v = 0; v < V; ++v) {
-    __m512i acc[MT];
+    I acc[MT];
     HWY_UNROLL(8)
-    for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_si512();
+    for (int m = 0; m < MT; ++m) acc[m] = O::Set32(0);
     HWY_UNROLL(2)
     for (int jp = 0; jp < 2; ++jp) {
-      __m512i sl[MT], sh[MT];
+      I sl[MT], sh[MT];
       HWY_UNROLL(2)
       for (int jj = 0; jj < 2; ++jj) {
         const int64_t j = 2 * jp + jj;
-        const __m512i x = _mm512_loadu_si512(w32 + (g * 4 + j) * kTileRows + roff + 16 * v);
-        const __m512i wl = _mm512_shuffle_epi8(wtab, _mm512_and_si512(x, lo4));
-        const __m512i wh = _mm512_shuffle_epi8(wtab, _mm512_and_si512(_mm512_srli_epi16(x, 4), lo4));
+        const I x = O::Load(w32 + (g * 4 + j) * kTileRows + roff + O::kRows * v);
+        const I wl = O::Lookup(wtab, O::And(x, lo4));
+        const I wh = O::Lookup(wtab, O::And(O::Nibble1(x), lo4));
         HWY_UNROLL(8)
         for (int m = 0; m < MT; ++m) {
           int32_t d[4];
           std::memcpy(d, qg[m] + 16 * j, 16);
-          const __m512i tl = _mm512_add_epi16(_mm512_maddubs_epi16(wl, _mm512_set1_epi32(d[0])),
-                                              _mm512_maddubs_epi16(wh, _mm512_set1_epi32(d[2])));
-          const __m512i th = _mm512_add_epi16(_mm512_maddubs_epi16(wl, _mm512_set1_epi32(d[1])),
-                                              _mm512_maddubs_epi16(wh, _mm512_set1_epi32(d[3])));
-          sl[m] = jj == 0 ? tl : _mm512_add_epi16(sl[m], tl);
-          sh[m] = jj == 0 ? th : _mm512_add_epi16(sh[m], th);
+          const I tl = O::Add16(O::MulBytes(wl, O::Set32(d[0])), O::MulBytes(wh, O::Set32(d[2])));
+          const I th = O::Add16(O::MulBytes(wl, O::Set32(d[1])), O::MulBytes(wh, O::Set32(d[3])));
+          sl[m] = jj == 0 ? tl : O::Add16(sl[m], tl);
+          sh[m] = jj == 0 ? th : O::Add16(sh[m], th);
         }
       }
+      // Dwords: the Ql words plus 256 × the Qh words (|·| < 2^24: no overflow).
       HWY_UNROLL(8)
       for (int m = 0; m < MT; ++m)
-        acc[m] = _mm512_add_epi32(
-            acc[m], _mm512_add_epi32(_mm512_madd_epi16(sl[m], ones), _mm512_madd_epi16(sh[m], c256)));
+        acc[m] = O::Add32(acc[m], O::Add32(O::MulWords(sl[m], ones), O::MulWords(sh[m], c256)));
     }
     HWY_UNROLL(8)
-    for (int m = 0; m < MT; ++m)
-      part[m][v] = VF{_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m], _mm512_set1_epi32(corr[m]))), unit)};
+    for (int m = 0; m < MT; ++m) part[m][v] = O::Partial(acc[m], corr[m]);
   }
 }
 #endif
+
 
 template <int V>
 HWY_INLINE void Fp4Gemv(const QArgs& a, const uint8_t* wt, const uint8_t* st, int64_t roff, int64_t m0, int64_t n0) {
@@ -197,8 +241,8 @@ HWY_INLINE void Fp4Gemv(const QArgs& a, const uint8_t* wt, const uint8_t* st, in
       HWY_UNROLL(4)
       for (int j = 0; j < 4; ++j)
         for (int l = 0; l < V; ++l) hwy::Prefetch(pf + j * kTileRows * 4 + 64 * l);
-      VF part[1][V];
-      Fp4GroupIntDots512<V, 1>(w32, &qg, &corr, g, roff, part);
+      __m512 part[1][V];
+      Fp4GroupIntDots<IntDots512, V, 1>(w32, &qg, &corr, g, roff, part);
       const hn::RebindToUnsigned<DF> du;
       const hn::Rebind<uint8_t, DF> d8;
       const VF s = hn::Set(df, row.sa[(g * 32) / a.ab]);
@@ -207,7 +251,7 @@ HWY_INLINE void Fp4Gemv(const QArgs& a, const uint8_t* wt, const uint8_t* st, in
       for (int v = 0; v < V; ++v) {
         // UE8M0 byte b (1..254, checked at pack time) → 2^(b−127).
         const VF sw = hn::BitCast(df, hn::ShiftLeft<23>(hn::PromoteTo(du, hn::LoadU(d8, sg + v * kLanes))));
-        acc[v] = hn::Add(acc[v], hn::Mul(hn::Mul(part[0][v], s), sw));
+        acc[v] = hn::Add(acc[v], hn::Mul(hn::Mul(VF{part[0][v]}, s), sw));
       }
       continue;
     }
@@ -333,58 +377,6 @@ void BuildFp4IntActs(const float* q, int64_t K, int8_t* pqi, int32_t* pcorr, uin
 
 #endif  // the operands: AVX2 and AVX-512
 #if HWY_TARGET == HWY_AVX2
-// The partial sums (reference units / 2, as the FP32 paths) of group g for
-// V·8 rows roff.. and MT activation rows (row m's operands at qg[m], its
-// correction corr[m]): part[m][v], lanes in row order. The weight bytes of
-// each 8 × 8 block are formed once for the MT rows.
-template <int V, int MT>
-HWY_INLINE void Fp4GroupIntDots(const uint32_t* w32, const int8_t* const* qg, const int32_t* corr, int64_t g,
-                                int64_t roff, __m256 (*part)[V]) {
-  const __m256i lo4 = _mm256_set1_epi8(0x0F);
-  // 2·E2M1(code) + 12 for codes 0..15 (code 8 is −0: 12), per 128-bit lane.
-  const __m256i wtab = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15, 16,
-                                        18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-  const __m256i ones = _mm256_set1_epi16(1), c256 = _mm256_set1_epi16(256);
-  const __m256 unit = _mm256_set1_ps(0x1p-8f);  // 128·Σq·w → Σq·w/2
-  HWY_UNROLL(8)
-  for (int v = 0; v < V; ++v) {
-    __m256i acc[MT];
-    HWY_UNROLL(4)
-    for (int m = 0; m < MT; ++m) acc[m] = _mm256_setzero_si256();
-    HWY_UNROLL(2)
-    for (int jp = 0; jp < 2; ++jp) {
-      __m256i sl[MT], sh[MT];
-      HWY_UNROLL(2)
-      for (int jj = 0; jj < 2; ++jj) {
-        const int64_t j = 2 * jp + jj;
-        const __m256i x =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w32 + (g * 4 + j) * kTileRows + roff + 8 * v));
-        const __m256i wl = _mm256_shuffle_epi8(wtab, _mm256_and_si256(x, lo4));
-        const __m256i wh = _mm256_shuffle_epi8(wtab, _mm256_and_si256(_mm256_srli_epi16(x, 4), lo4));
-        HWY_UNROLL(4)
-        for (int m = 0; m < MT; ++m) {
-          int32_t d[4];
-          std::memcpy(d, qg[m] + 16 * j, 16);
-          const __m256i tl = _mm256_add_epi16(_mm256_maddubs_epi16(wl, _mm256_set1_epi32(d[0])),
-                                              _mm256_maddubs_epi16(wh, _mm256_set1_epi32(d[2])));
-          const __m256i th = _mm256_add_epi16(_mm256_maddubs_epi16(wl, _mm256_set1_epi32(d[1])),
-                                              _mm256_maddubs_epi16(wh, _mm256_set1_epi32(d[3])));
-          sl[m] = jj == 0 ? tl : _mm256_add_epi16(sl[m], tl);
-          sh[m] = jj == 0 ? th : _mm256_add_epi16(sh[m], th);
-        }
-      }
-      // Dwords: the Ql words plus 256 × the Qh words (|·| < 2^24: no overflow).
-      HWY_UNROLL(4)
-      for (int m = 0; m < MT; ++m)
-        acc[m] = _mm256_add_epi32(
-            acc[m], _mm256_add_epi32(_mm256_madd_epi16(sl[m], ones), _mm256_madd_epi16(sh[m], c256)));
-    }
-    HWY_UNROLL(4)
-    for (int m = 0; m < MT; ++m)
-      part[m][v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc[m], _mm256_set1_epi32(corr[m]))), unit);
-  }
-}
-
 // The partial sums of group g of activation row a.pt_row (a.pt holds its
 // tables) for 32·H rows roff.. of one packed tile, by the byte product
 // tables (see above); part[v] in row order.
@@ -476,7 +468,7 @@ HWY_INLINE void Fp4GemvTables(const QArgs& a, const uint8_t* wt, const uint8_t* 
         for (int l = 0; l < 2 * H; ++l) hwy::Prefetch(pf + j * kTileRows * 4 + 64 * l);
       const int8_t* qg = a.pqi + m0 * kFp4IntActBytes * a.K + g * 64;
       const int32_t corr = a.pcorr[m0 * groups + g];
-      Fp4GroupIntDots<4 * H, 1>(w32, &qg, &corr, g, roff, parts);
+      Fp4GroupIntDots<IntDots256, 4 * H, 1>(w32, &qg, &corr, g, roff, parts);
     } else {
       Fp4GroupTables<H>(a, w32, g, roff, part);
     }
@@ -537,7 +529,7 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
       HWY_UNROLL(4)
       for (int j = 0; j < 4; ++j) hwy::Prefetch(pf + j * kTileRows * 4);
       __m256 ip[MT][V];
-      Fp4GroupIntDots<V, MT>(w32, qg, corr, g, roff, ip);
+      Fp4GroupIntDots<IntDots256, V, MT>(w32, qg, corr, g, roff, ip);
       HWY_UNROLL(4)
       for (int m = 0; m < MT; ++m) {
         HWY_UNROLL(8)
