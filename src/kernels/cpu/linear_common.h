@@ -56,8 +56,8 @@ struct QArgs {
   const uint8_t* pt = nullptr;
   int64_t pt_row = -1;
   // ... and every row's integer operands (BuildFp4IntActs: kFp4IntActBytes
-  // per column) with each group's correction, INT32_MIN where the group takes the
-  // tables instead.
+  // per column) with each group's correction, INT32_MIN where the group takes
+  // the tables or the FP32 path instead (AVX2; AVX-512 without the pair dots).
   const int8_t* pqi = nullptr;
   const int32_t* pcorr = nullptr;
   float* y = nullptr;             // output [M, ldy]
@@ -135,7 +135,8 @@ inline bool Bf16FmaExact(const ExpRange& x, const ExpRange& w) {
 inline constexpr int64_t kBlockGemmMinM = 16;
 
 // linear_fp4.cc BuildFp4IntActs: bytes of integer operands per activation
-// column (AVX2, each row below kBlockGemmMinM).
+// column (AVX2, and AVX-512 without the pair dots; each row below
+// kBlockGemmMinM).
 inline constexpr int64_t kFp4IntActBytes = 2;
 struct BlockScratch {
   AlignedArray<float> w, sw, acc;  // 64-byte aligned (StoreRows loads acc aligned)
@@ -162,7 +163,7 @@ struct ActBuffers {
   std::vector<float> q, sa;
   std::vector<uint32_t> qp;  // bf16_dot.h PackActPairs
   std::vector<uint8_t> pt;   // linear_fp4.cc BuildFp4ProductTables (AVX2)
-  std::vector<int8_t> pqi;   // linear_fp4.cc BuildFp4IntActs (AVX2)
+  std::vector<int8_t> pqi;   // linear_fp4.cc BuildFp4IntActs
   std::vector<int32_t> pcorr;
   void Resize(int64_t nq, int64_t nsa) {
     if (static_cast<int64_t>(q.size()) < nq) q.resize(nq);
