@@ -19,6 +19,7 @@
 //     absent slots last.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -36,6 +37,15 @@
 #include "parallel/context_parallel.h"
 
 namespace deepinfer::v41 {
+
+namespace {
+// A cached K/V row (BF16 codes, head_dim of them) read in place by the
+// attention kernel: the window ring and the compressed rows are not copied.
+const uint16_t* Bf16Row(const uint8_t* row) {
+  DI_CHECK(reinterpret_cast<uintptr_t>(row) % alignof(uint16_t) == 0);
+  return reinterpret_cast<const uint16_t*>(row);
+}
+}  // namespace
 
 // ------------------------------------------------------------------ attention
 
@@ -127,7 +137,6 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   auto attend_row = [&](int64_t r) {
     thread_local std::vector<const uint16_t*> rows;
     thread_local std::vector<int32_t> slots;
-    thread_local std::vector<uint16_t> ringbuf, cbuf;
     {
       const int s = row_seq_[r];
       const SeqInfo& qi = seq_[s];
@@ -136,7 +145,6 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
       slots.clear();
       ReserveInSteps(rows, win + c_.index_topk, 1);
       ReserveInSteps(slots, win + c_.index_topk, 1);
-      ringbuf.resize(static_cast<size_t>(win * D));
       const bool prefill_layout = qi.start == 0 && !b_.per_row_layout;
       const int64_t W = prefill_layout ? std::min<int64_t>(qi.T, win) : win;
       const int64_t first = std::max<int64_t>(0, p - win + 1);
@@ -144,10 +152,8 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
         const int64_t slot = prefill_layout ? qpos - first : win - 1 - (p - qpos);
         if (qpos >= qi.start) {
           rows.push_back(kvb.data() + (qi.row0 + qpos - qi.start) * D);
-        } else {
-          uint16_t* dst = ringbuf.data() + (qpos % win) * D;
-          std::memcpy(dst, Row(s, StateKind::kWindow, l, qpos % win), D * 2);
-          rows.push_back(dst);
+        } else {  // the cache's row itself (BF16, read in place)
+          rows.push_back(Bf16Row(Row(s, StateKind::kWindow, l, qpos % win)));
         }
         slots.push_back(static_cast<int32_t>(slot));
       }
@@ -156,14 +162,11 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
         const int64_t E = b_.per_row_layout ? (p + 1) / ratio : (qi.start + qi.T) / ratio;
         const int64_t K = std::min<int64_t>(c_.index_topk, E);
         const std::vector<int32_t>& sel = sel_[l][r];
-        ReserveInSteps(cbuf, c_.index_topk * D, 1);
-        Zeroed(cbuf, static_cast<int64_t>(sel.size()) * D);
         for (size_t i = 0; i < sel.size(); ++i) {
           const uint8_t* src = cp_kv.empty() || !St(s).sharding
                                    ? Row(s, StateKind::kCompressedKv, sch.kv_from, sel[i])
                                    : cp_kv.data() + (cp_at[r] + static_cast<int64_t>(i)) * D * 2;
-          std::memcpy(cbuf.data() + i * D, src, D * 2);
-          rows.push_back(cbuf.data() + i * D);
+          rows.push_back(Bf16Row(src));
           slots.push_back(static_cast<int32_t>(W + i));
         }
         list_len = W + K;
