@@ -5,7 +5,9 @@
 // the micro-tile tails meet: M not a multiple of the group height, M one
 // past an m-chunk (96), N not a multiple of 64 (and below one micro
 // column), K of a single block, 128-wide activation blocks (klen 128), and
-// 1 and 2 threads.
+// 1 and 2 threads. The prescaled operands (linear_common.h
+// BlockPrescaleExact: the folds as one add) are checked at the edges of
+// their guard, on both sides.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +19,7 @@
 #include "base/parallel.h"
 #include "format/numerics.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/linear_common.h"
 #include "kernels/ref/ref_ops.h"
 
 namespace deepinfer::cpu {
@@ -93,6 +96,140 @@ TEST(BlockGemm, Fp4BitIdentical) {
       const PackedFp4 p = PackFp4(view);
       LinearFp4(x.data(), s.M, p, s.ab, got.data());
       EXPECT_TRUE(SameBits(got, want)) << "M=" << s.M << " N=" << s.N << " K=" << s.K << " ab=" << s.ab;
+    }
+  });
+}
+
+
+// ---------------------------------------------------------------- prescaled operands
+
+float Pow2(int e) { return std::ldexp(1.0f, e); }
+
+TEST(BlockGemm, PrescaleGuardBounds) {
+  const float ok[] = {2 * Pow2(-5), 2 * Pow2(0), 2 * Pow2(3)};
+  EXPECT_TRUE(BlockPrescaleExact(-20, 0, ok, 3));
+  EXPECT_TRUE(BlockPrescaleExact(-95, 85, ok, 3));   // -95-5 = -100, 85+3 = 88
+  EXPECT_FALSE(BlockPrescaleExact(-96, 85, ok, 3));  // -101
+  EXPECT_FALSE(BlockPrescaleExact(-20, 88, ok, 3));  // 91
+  EXPECT_FALSE(BlockPrescaleExact(-101, -101, ok + 1, 1));
+  EXPECT_FALSE(BlockPrescaleExact(91, 91, ok + 1, 1));
+  EXPECT_TRUE(BlockPrescaleExact(-100, -100, ok + 1, 1));
+  EXPECT_TRUE(BlockPrescaleExact(90, 90, ok + 1, 1));
+  EXPECT_FALSE(BlockPrescaleExact(-1000, 1000, ok, 3));  // PackedFp8/PackedFp4 defaults
+  EXPECT_FALSE(BlockPrescaleExact(1, 0, ok, 3));         // empty range
+  // Activation scales (2·s_act): e_a = -100 and 90 pass, -101 and 91 fail;
+  // anything but a positive normal power of two fails.
+  for (const auto& [sa, pass] : std::vector<std::pair<float, bool>>{{2 * Pow2(-100), true},
+                                                                    {2 * Pow2(90), true},
+                                                                    {2 * Pow2(-101), false},
+                                                                    {2 * Pow2(91), false},
+                                                                    {3.0f, false},
+                                                                    {-2.0f, false},
+                                                                    {0.0f, false},
+                                                                    {Pow2(-140), false},
+                                                                    {std::nanf(""), false},
+                                                                    {INFINITY, false}}) {
+    const float v[] = {2.0f, sa};
+    EXPECT_EQ(BlockPrescaleExact(0, 0, v, 2), pass) << sa;
+  }
+}
+
+TEST(BlockGemm, PackedScaleExponentRange) {
+  const int64_t N = 70, K = 64;
+  std::vector<uint8_t> w8(N * K, 0x38), w4(N * K / 2, 0x21);
+  std::vector<uint8_t> s8(((N + 31) / 32) * (K / 32), 120), s4(N * (K / 32), 127);
+  s8[1] = 100, s8[4] = 130, s4[7] = 27, s4[100] = 217;
+  PackedFp8 p8 = PackFp8({w8.data(), s8.data(), N, K, 32});
+  EXPECT_EQ(p8.scale_exp_lo, -27);
+  EXPECT_EQ(p8.scale_exp_hi, 3);
+  PackedFp4 p4 = PackFp4({w4.data(), s4.data(), N, K});
+  EXPECT_EQ(p4.scale_exp_lo, -100);
+  EXPECT_EQ(p4.scale_exp_hi, 90);
+  s8[2] = 0xFF;  // a NaN scale: the range stays at the defaults, which fail the guard
+  p8 = PackFp8({w8.data(), s8.data(), N, K, 32});
+  EXPECT_FALSE(BlockPrescaleExact(p8.scale_exp_lo, p8.scale_exp_hi, nullptr, 0));
+}
+
+// Activations whose every ab-block has the scale 2^e_a exactly (one value
+// of magnitude 256·2^e_a, the rest below 128·2^e_a: Pow2Ceil(256/448) = 1),
+// e_a drawn from [ea_lo, ea_hi] per block.
+std::vector<float> ActsWithScales(int64_t M, int64_t K, int ab, int ea_lo, int ea_hi, uint64_t seed) {
+  std::vector<float> x = Acts(M * K, seed);
+  std::mt19937_64 rng(seed + 1);
+  for (int64_t b = 0; b < M * K / ab; ++b) {
+    const int e = ea_lo + static_cast<int>(rng() % static_cast<uint64_t>(ea_hi - ea_lo + 1));
+    float* blk = x.data() + b * ab;
+    blk[rng() % ab] = (rng() & 1) ? 256.0f : -256.0f;
+    for (int i = 0; i < ab; ++i) blk[i] *= Pow2(e);
+  }
+  return x;
+}
+
+struct PrescaleCase {
+  int ew_lo, ew_hi, ea_lo, ea_hi;
+  bool prescaled;  // whether the guard lets the call take the prescaled folds
+};
+const std::vector<PrescaleCase> kPrescaleCases = {
+    {-17, 0, -8, 8, true},     // a checkpoint's usual range
+    {-100, -87, 0, 0, true},   // lowest e_w, e_a + e_w = -100
+    {-101, -87, 0, 0, false},  // one below
+    {73, 90, 0, 0, true},      // highest e_w
+    {73, 91, 0, 0, false},     // one above
+    {-90, -80, -10, -5, true}, // e_a + e_w down to -100
+    {-90, -80, -11, -5, false}};
+
+template <typename Packed>
+void CheckPrescaled(const PrescaleCase& c, const Packed& p, const std::vector<float>& x, int64_t M, int64_t K,
+                    int ab) {
+  std::vector<float> q(M * K), sa(M * (K / ab));
+  QuantizeActRows(x.data(), M, K, ab, q.data(), sa.data());
+  EXPECT_EQ(BlockPrescaleExact(p.scale_exp_lo, p.scale_exp_hi, sa.data(), M * (K / ab)), c.prescaled)
+      << "e_w [" << c.ew_lo << ", " << c.ew_hi << "] e_a [" << c.ea_lo << ", " << c.ea_hi << "]";
+}
+
+TEST(BlockGemm, PrescaledOperandsBitIdentical) {
+  const std::vector<Shape> shapes = {{16, 64, 64, 32}, {97, 130, 96, 32}, {23, 72, 256, 128}};
+  ForEachTargetAndThreads([&] {
+    uint64_t seed = 300;
+    for (const PrescaleCase& c : kPrescaleCases) {
+      for (const Shape& s : shapes) {
+        SCOPED_TRACE("e_w [" + std::to_string(c.ew_lo) + ", " + std::to_string(c.ew_hi) + "] e_a [" +
+                     std::to_string(c.ea_lo) + ", " + std::to_string(c.ea_hi) + "] M=" + std::to_string(s.M) +
+                     " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K) + " ab=" + std::to_string(s.ab));
+        std::mt19937_64 rng(++seed);
+        const auto scale_byte = [&](int i) {
+          // both ends of the range, then random inside it
+          const int e = i == 0 ? c.ew_lo : i == 1 ? c.ew_hi : c.ew_lo + static_cast<int>(rng() % (c.ew_hi - c.ew_lo + 1));
+          return static_cast<uint8_t>(127 + e);
+        };
+        const std::vector<float> x = ActsWithScales(s.M, s.K, s.ab, c.ea_lo, c.ea_hi, seed + 100);
+        {
+          std::vector<uint8_t> w(s.N * s.K), sc(((s.N + s.ab - 1) / s.ab) * (s.K / s.ab));
+          for (auto& v : w) do v = static_cast<uint8_t>(rng()); while (E4M3IsNaN(v));
+          for (size_t i = 0; i < sc.size(); ++i) sc[i] = scale_byte(static_cast<int>(i));
+          const ref::Fp8Weight view{w.data(), sc.data(), s.N, s.K, s.ab};
+          const PackedFp8 p = PackFp8(view);
+          ASSERT_FALSE(p.use_ref);
+          CheckPrescaled(c, p, x, s.M, s.K, s.ab);
+          std::vector<float> want(s.M * s.N), got(s.M * s.N, -1.0f);
+          ref::LinearFp8(x.data(), s.M, view, s.ab, want.data());
+          LinearFp8(x.data(), s.M, p, s.ab, got.data());
+          EXPECT_TRUE(SameBits(got, want)) << "fp8";
+        }
+        {
+          std::vector<uint8_t> w(s.N * s.K / 2), sc(s.N * (s.K / 32));
+          for (auto& v : w) v = static_cast<uint8_t>(rng());
+          for (size_t i = 0; i < sc.size(); ++i) sc[i] = scale_byte(static_cast<int>(i));
+          const ref::Fp4Weight view{w.data(), sc.data(), s.N, s.K};
+          const PackedFp4 p = PackFp4(view);
+          ASSERT_FALSE(p.use_ref);
+          CheckPrescaled(c, p, x, s.M, s.K, s.ab);
+          std::vector<float> want(s.M * s.N), got(s.M * s.N, -1.0f);
+          ref::LinearFp4(x.data(), s.M, view, s.ab, want.data());
+          LinearFp4(x.data(), s.M, p, s.ab, got.data());
+          EXPECT_TRUE(SameBits(got, want)) << "fp4";
+        }
+      }
     }
   });
 }

@@ -79,6 +79,10 @@ struct PackedFp8 {
   AlignedArray<uint8_t> w;
   AlignedArray<float> ws;
   bool use_ref = false;  // NaN codes / unusual scales or block: scalar path
+  // Binary exponent range of the block scales (2^e each), for the AVX2 block
+  // GEMM's prescaled operands (linear_common.h BlockPrescaleExact); the
+  // defaults fail that guard.
+  int scale_exp_lo = -1000, scale_exp_hi = 1000;
   size_t bytes() const;  // bytes the kernel streams per call (weights + scales)
 };
 // FP4 E2M1 routed-expert weight (UE8M0 scale per row and 32 columns),
@@ -91,6 +95,7 @@ struct PackedFp4 {
   AlignedArray<uint8_t> w;
   AlignedArray<uint8_t> s;
   bool use_ref = false;  // scale bytes 0x00 / 0xFF: scalar path
+  int scale_exp_lo = -1000, scale_exp_hi = 1000;  // as PackedFp8
   size_t bytes() const;
 };
 // BF16 weight [out, in] repacked: w[t][k][r] = src.w[(64t + r)·in + k].

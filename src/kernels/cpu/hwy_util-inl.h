@@ -205,6 +205,28 @@ HWY_INLINE void PackActGroupsPairs(const float* HWY_RESTRICT q, int64_t M, int64
 HWY_INLINE void PackActGroups(const float* HWY_RESTRICT q, int64_t M, int64_t K, float* HWY_RESTRICT out) {
   PackActGroupsPairs(q, M, K, K, /*pairs=*/false, out);
 }
+// PackActGroups of the dequantised activations (linear_common.h, prescaled
+// operands): out = (q·2^-120)·sa of the row's block, i.e. the E4M3 value ×
+// s_act (q holds QuantizeActRows' value × 2^119, sa = 2·s_act; both factors
+// are powers of two and BlockPrescaleExact has checked the range, so each
+// product is exact).
+HWY_INLINE void PackActGroupsScaled(const float* HWY_RESTRICT q, const float* HWY_RESTRICT sa, int64_t M, int64_t K,
+                                    int64_t ab, float* HWY_RESTRICT out) {
+  constexpr int64_t R = kBlockMT;
+  const int64_t kb = K / ab;
+  for (int64_t g = 0; g * R < M; ++g) {
+    const int64_t rows = std::min<int64_t>(R, M - g * R);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* src = q + (g * R + i) * K;
+      const float* s = sa + (g * R + i) * kb;
+      float* dst = out + g * R * K + i;
+      for (int64_t b = 0; b < kb; ++b) {
+        const float f = s[b];
+        for (int64_t k = b * ab; k < (b + 1) * ab; ++k) dst[k * R] = (src[k] * 0x1p-120f) * f;
+      }
+    }
+  }
+}
 // Per-thread buffer for PackActGroups (grows, never shrinks).
 HWY_INLINE float* PackedActBuffer(int64_t M, int64_t K) {
   thread_local AlignedArray<float> buf;
@@ -224,7 +246,12 @@ template <typename Fn>
 HWY_INLINE void RunLinearCall(QArgs& a, Fn* run) {
   if (kUseBlockGemm && a.M >= kBlockGemmMinM) {
     float* packed = PackedActBuffer(a.M, a.K);
-    PackActGroups(a.q, a.M, a.K, packed);
+    a.prescaled = BlockPrescaleExact(a.w_exp_lo, a.w_exp_hi, a.sa, a.M * (a.K / a.ab));
+    if (a.prescaled) {
+      PackActGroupsScaled(a.q, a.sa, a.M, a.K, a.ab, packed);
+    } else {
+      PackActGroups(a.q, a.M, a.K, packed);
+    }
     a.q = packed;
   }
   ParallelItems(a, run);
@@ -271,7 +298,11 @@ HWY_INLINE void BlockMicroK(VF (&part)[MT][V], const float* HWY_RESTRICT w, int6
 // block's columns and stored back, so each lane still adds all K products
 // in one sequence. kFma false: multiply, then add (products not known to
 // be exact).
-enum class BlockMode { kScaled, kUnscaledFma, kUnscaledMulAdd };
+//
+// Prescaled mode (kPrescaled; linear_common.h BlockPrescaleExact): the
+// weights are w·s_w and the activations q·s_act, so the partial sum is
+// already partial·s_act·s_w and the fold is acc = acc + partial.
+enum class BlockMode { kScaled, kPrescaled, kUnscaledFma, kUnscaledMulAdd };
 
 template <int V, int MT, int MTS, BlockMode kMode = BlockMode::kScaled>
 HWY_INLINE void BlockMicro(const float* HWY_RESTRICT w, int64_t klen, const float* HWY_RESTRICT sw,
@@ -279,7 +310,7 @@ HWY_INLINE void BlockMicro(const float* HWY_RESTRICT w, int64_t klen, const floa
                            float* HWY_RESTRICT acc) {
   const DF df;
   VF part[MT][V];
-  if constexpr (kMode != BlockMode::kScaled) {
+  if constexpr (kMode == BlockMode::kUnscaledFma || kMode == BlockMode::kUnscaledMulAdd) {
     HWY_UNROLL(8)
     for (int m = 0; m < MT; ++m) {
       HWY_UNROLL(8)
@@ -307,6 +338,17 @@ HWY_INLINE void BlockMicro(const float* HWY_RESTRICT w, int64_t klen, const floa
     BlockMicroK<V, MT, MTS, 32>(part, w, klen, q);
   } else {
     BlockMicroK<V, MT, MTS, 0>(part, w, klen, q);
+  }
+  if constexpr (kMode == BlockMode::kPrescaled) {
+    HWY_UNROLL(8)
+    for (int m = 0; m < MT; ++m) {
+      HWY_UNROLL(8)
+      for (int v = 0; v < V; ++v) {
+        float* p = acc + m * kTileRows + v * kLanes;
+        hn::StoreU(hn::Add(hn::LoadU(df, p), part[m][v]), df, p);
+      }
+    }
+    return;
   }
   HWY_UNROLL(8)
   for (int m = 0; m < MT; ++m) {
@@ -345,7 +387,7 @@ HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int6
   float* HWY_RESTRICT wbuf = s.w.get();
   float* HWY_RESTRICT swbuf = s.sw.get();
   float* HWY_RESTRICT acc = s.acc.get();
-  constexpr bool kScaled = kMode == BlockMode::kScaled;
+  constexpr bool kScaled = kMode == BlockMode::kScaled || kMode == BlockMode::kPrescaled;
   const int64_t kblocks = kScaled ? a.K / a.ab : 0;
   const int64_t nblocks = kScaled ? a.K / klen : (a.K + klen - 1) / klen;
   const int64_t ldp = kScaled ? a.K : a.ldq;  // packed activations: row stride
@@ -383,9 +425,9 @@ HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int6
                                                           /*round=*/kScaled || a.round);
   }
 }
-template <int V, int MT, typename Conv>
+template <int V, int MT, BlockMode kMode = BlockMode::kScaled, typename Conv>
 HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int64_t klen, Conv&& conv) {
-  RunBlockItems<V, MT, BlockMode::kScaled>(a, item0, item1, klen, conv, [](int64_t) { return int64_t{0}; });
+  RunBlockItems<V, MT, kMode>(a, item0, item1, klen, conv, [](int64_t) { return int64_t{0}; });
 }
 
 }  // namespace HWY_NAMESPACE

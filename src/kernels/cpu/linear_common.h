@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -68,6 +69,11 @@ struct QArgs {
   int64_t group_rows = 0;         // grouped wo_a: outputs per group (R), 0 = plain
   int64_t group_in = 0;           // grouped wo_a: input columns per group (Kg)
   bool fma = false;               // BF16: every product exact (Bf16FmaExact)
+  // FP8/FP4 block GEMM (AVX2): binary exponent range of the weight scales
+  // (PackedFp8/PackedFp4::scale_exp_lo/hi), and whether this call's operands
+  // are prescaled (BlockPrescaleExact below; set by RunLinearCall).
+  int w_exp_lo = -1000, w_exp_hi = 1000;
+  bool prescaled = false;
 };
 
 // ---------------------------------------------------------------- FMAs
@@ -128,6 +134,48 @@ inline bool Bf16FmaExact(const ExpRange& x, const ExpRange& w) {
 }
 
 // ---------------------------------------------------------------- block GEMM
+// Prescaled operands. The reference's block step is
+//   acc = acc + (partial·s_act)·s_w,   partial = Σ_k q[k]·w[k] in order,
+// with q, w the E4M3 / E2M1 values and UE8M0 scales, i.e. powers of two. A
+// multiplication by a power of two is exact, and rounding commutes with it,
+// as long as no value involved leaves the normal range. Then running the
+// block's sum over q·s_act and w·s_w (the dequantised operands) gives
+// exactly partial·s_act·s_w at every step, and the fold is one add:
+// acc = acc + partial'. It holds when, with e_a, e_w the scales' exponents:
+// every nonzero q·s_act and w·s_w is normal (|q|, |w| >= 2^-9 and <= 448),
+// every nonzero product and partial sum is normal and finite in both forms
+// (a multiple of 2^-18·s (E4M3·E4M3; 2^-10·s for E2M1) and below
+// K_block·448² < 2^31 times s, for s = s_act or s_act·s_w). Bounds with room:
+//   e_a, e_w and e_a + e_w in [-100, 90].
+// QuantizeActRows gives e_a in [-22, 126] for finite rows; checkpoints have
+// e_w in about [-30, 0]; a call outside the bounds (or with a non-finite
+// row's scale) keeps the two multiplies per fold.
+inline constexpr int kPrescaleMinExp = -100;
+inline constexpr int kPrescaleMaxExp = 90;
+// Exponent of a positive normal power of two, or INT32_MIN for anything else.
+inline int Pow2Exponent(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  const uint32_t e = (u >> 23) & 0xFFu;
+  if ((u & 0x807FFFFFu) != 0 || e == 0 || e == 0xFFu) return INT32_MIN;
+  return static_cast<int>(e) - 127;
+}
+// Whether the block GEMM may run on prescaled operands: the weights' scale
+// range [w_lo, w_hi] and the kernels' activation scales sa (n values,
+// kActScaleFactor·s_act each) satisfy the bounds above.
+inline bool BlockPrescaleExact(int w_lo, int w_hi, const float* sa, int64_t n) {
+  if (w_lo < kPrescaleMinExp || w_hi > kPrescaleMaxExp || w_lo > w_hi) return false;
+  static_assert(kActScaleFactor == 2.0f, "e_a = exponent(sa) - 1");
+  for (int64_t i = 0; i < n; ++i) {
+    const int e = Pow2Exponent(sa[i]);
+    if (e == INT32_MIN) return false;
+    const int ea = e - 1;
+    if (ea < kPrescaleMinExp || ea > kPrescaleMaxExp || ea + w_lo < kPrescaleMinExp || ea + w_hi > kPrescaleMaxExp)
+      return false;
+  }
+  return true;
+}
+
 // Prefill-sized calls (M >= kBlockGemmMinM) of the FP8/FP4 linears convert
 // each (64-row tile, K block) of weights once into FP32 operands in
 // BlockScratch::w and run every activation row of the m-chunk over it; the

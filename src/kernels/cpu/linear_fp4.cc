@@ -584,23 +584,40 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
 void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
   if (kUseBlockGemm && a.M >= kBlockGemmMinM) {
     // Prefill: each (tile, 32-column group) converted once for the m-chunk.
-    RunBlockItems<kBlockV, kBlockMT>(a, item0, item1, 32, [&](int64_t tile, int64_t g, float* w, float* sw) {
+    const auto conv = [&](int64_t tile, int64_t g, float* w, float* sw) {
       const DF df;
       const hn::RebindToUnsigned<DF> du;
       const hn::Rebind<uint8_t, DF> d8;
       const uint32_t* w32 = reinterpret_cast<const uint32_t*>(a.w + tile * (a.K / 2) * kTileRows) + g * 4 * kTileRows;
-      for (int64_t j = 0; j < 4; ++j) {
-        for (int64_t r = 0; r < kTileRows; r += static_cast<int64_t>(kLanes)) {
-          const auto xv = hn::LoadU(du, w32 + j * kTileRows + r);
-          HWY_UNROLL(8)
-          for (int i = 0; i < 8; ++i)
-            hn::StoreU(E2M1Lookup(i == 0 ? xv : hn::ShiftRightSame(xv, 4 * i)), df, w + (8 * j + i) * kTileRows + r);
-        }
-      }
       const uint8_t* sg = a.s + tile * (a.K / 32) * kTileRows + g * kTileRows;
       for (int64_t r = 0; r < kTileRows; r += static_cast<int64_t>(kLanes))
         hn::StoreU(hn::BitCast(df, hn::ShiftLeft<23>(hn::PromoteTo(du, hn::LoadU(d8, sg + r)))), df, sw + r);
-    });
+      const VF up = hn::Set(df, 0x1p120f);
+      for (int64_t j = 0; j < 4; ++j) {
+        for (int64_t r = 0; r < kTileRows; r += static_cast<int64_t>(kLanes)) {
+          const auto xv = hn::LoadU(du, w32 + j * kTileRows + r);
+          float* wr = w + 8 * j * kTileRows + r;
+          if (a.prescaled) {
+            // w·s_w (linear_common.h BlockPrescaleExact): the value × 2^-120,
+            // times 2^120, times s_w, each exact.
+            const VF f = hn::LoadU(df, sw + r);
+            HWY_UNROLL(8)
+            for (int i = 0; i < 8; ++i)
+              hn::StoreU(hn::Mul(hn::Mul(E2M1Lookup(i == 0 ? xv : hn::ShiftRightSame(xv, 4 * i)), up), f), df,
+                         wr + i * kTileRows);
+          } else {
+            HWY_UNROLL(8)
+            for (int i = 0; i < 8; ++i)
+              hn::StoreU(E2M1Lookup(i == 0 ? xv : hn::ShiftRightSame(xv, 4 * i)), df, wr + i * kTileRows);
+          }
+        }
+      }
+    };
+    if (a.prescaled) {
+      RunBlockItems<kBlockV, kBlockMT, BlockMode::kPrescaled>(a, item0, item1, 32, conv);
+    } else {
+      RunBlockItems<kBlockV, kBlockMT>(a, item0, item1, 32, conv);
+    }
     return;
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -728,6 +745,8 @@ void LinearFp4(const float* x, int64_t M, const PackedFp4& w, int act_block, flo
   a.tiles = w.tiles;
   a.w = w.w.get();
   a.s = w.s.get();
+  a.w_exp_lo = w.scale_exp_lo;
+  a.w_exp_hi = w.scale_exp_hi;
   a.y = y;
   a.ldy = a.N;
   a.ldq = a.K;

@@ -136,14 +136,29 @@ void RunFp8(const QArgs& a, int64_t item0, int64_t item1) {
   if (kUseBlockGemm && a.M >= kBlockGemmMinM) {
     // Prefill: each (tile, act block) converted once for the whole m-chunk.
     const int64_t klen = a.ab;
-    RunBlockItems<kBlockV, kBlockMT>(a, item0, item1, klen, [&](int64_t tile, int64_t b, float* w, float* sw) {
+    const auto conv = [&](int64_t tile, int64_t b, float* w, float* sw) {
       const DF df;
       const uint8_t* wt = a.w + tile * a.K * kTileRows + b * klen * kTileRows;
+      const float* ws = a.ws + tile * (a.K / 32) * 4 + ((b * klen) / 32) * 4;
+      if (a.prescaled) {
+        // w·s_w: the value × 2^-120, times 2^120, times s_w (each exact:
+        // linear_common.h BlockPrescaleExact). One scale per 16 rows.
+        VF f[4];
+        for (int g = 0; g < 4; ++g) f[g] = hn::Set(df, ws[g]);
+        const VF up = hn::Set(df, 0x1p120f);
+        for (int64_t i = 0; i < klen * kTileRows; i += static_cast<int64_t>(kLanes))
+          hn::StoreU(hn::Mul(hn::Mul(E4M3Scaled(wt + i), up), f[(i % kTileRows) / 16]), df, w + i);
+        return;
+      }
       for (int64_t i = 0; i < klen * kTileRows; i += static_cast<int64_t>(kLanes))
         hn::StoreU(E4M3Scaled(wt + i), df, w + i);
-      const float* ws = a.ws + tile * (a.K / 32) * 4 + ((b * klen) / 32) * 4;
       for (int64_t r = 0; r < kTileRows; ++r) sw[r] = ws[r / 16];
-    });
+    };
+    if (a.prescaled) {
+      RunBlockItems<kBlockV, kBlockMT, BlockMode::kPrescaled>(a, item0, item1, klen, conv);
+    } else {
+      RunBlockItems<kBlockV, kBlockMT>(a, item0, item1, klen, conv);
+    }
     return;
   }
   const auto micro = [&](auto vt, auto mt, const QArgs& aa, int64_t tile, int64_t roff, int64_t m0) {
@@ -216,6 +231,8 @@ void LinearFp8(const float* x, int64_t M, const PackedFp8& w, int act_block, flo
   a.tiles = w.tiles;
   a.w = w.w.get();
   a.ws = w.ws.get();
+  a.w_exp_lo = w.scale_exp_lo;
+  a.w_exp_hi = w.scale_exp_hi;
   a.y = y;
   a.ldy = a.N;
   a.ldq = a.K;

@@ -87,6 +87,13 @@ PackedFp8 PackFp8(const ref::Fp8Weight& w) {
         const int64_t n = t * kTileRows + g * 16;
         p.ws[(t * kc + c) * 4 + g] = n < N ? E8M0ToFloat(w.scale[(n / B) * scale_cols + (c * 32) / B]) : 1.0f;
       }
+  {
+    // E8M0 byte b is 2^(b-127); 0xFF (NaN) leaves the range failing the guard.
+    int lo = 255, hi = -1;
+    const int64_t nscales = ((N + B - 1) / B) * scale_cols;
+    for (int64_t i = 0; i < nscales; ++i) lo = std::min<int>(lo, w.scale[i]), hi = std::max<int>(hi, w.scale[i]);
+    if (nscales > 0 && hi != 0xFF) p.scale_exp_lo = lo - 127, p.scale_exp_hi = hi - 127;
+  }
   return p;
 }
 
@@ -126,6 +133,10 @@ PackedFp4 PackFp4(const ref::Fp4Weight& w) {
     for (int64_t r = 0; r < kTileRows; ++r)
       if (t * kTileRows + r >= N)
         for (int64_t g = 0; g < groups; ++g) p.s[(t * groups + g) * kTileRows + r] = 127;
+  if (N * groups > 0) {
+    const auto [lo, hi] = std::minmax_element(w.scale, w.scale + N * groups);
+    p.scale_exp_lo = *lo - 127, p.scale_exp_hi = *hi - 127;
+  }
   return p;
 }
 
