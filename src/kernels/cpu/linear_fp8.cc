@@ -141,13 +141,31 @@ void RunFp8(const QArgs& a, int64_t item0, int64_t item1) {
       const uint8_t* wt = a.w + tile * a.K * kTileRows + b * klen * kTileRows;
       const float* ws = a.ws + tile * (a.K / 32) * 4 + ((b * klen) / 32) * 4;
       if (a.prescaled) {
-        // w·s_w: the value × 2^-120, times 2^120, times s_w (each exact:
-        // linear_common.h BlockPrescaleExact). One scale per 16 rows.
-        VF f[4];
-        for (int g = 0; g < 4; ++g) f[g] = hn::Set(df, ws[g]);
-        const VF up = hn::Set(df, 0x1p120f);
-        for (int64_t i = 0; i < klen * kTileRows; i += static_cast<int64_t>(kLanes))
-          hn::StoreU(hn::Mul(hn::Mul(E4M3Scaled(wt + i), up), f[(i % kTileRows) / 16]), df, w + i);
+        // w·s_w (linear_common.h BlockPrescaleExact): the value × 2^-120
+        // times 2^120·s_w, or where that factor would overflow (e_w > 7)
+        // times 2^120 and then s_w; each step exact. One scale per 16 rows.
+        const auto prescale = [&](auto one_factor) {
+          constexpr bool kOne = decltype(one_factor)::value;
+          VF f[4];
+          HWY_UNROLL(4)
+          for (int g = 0; g < 4; ++g) f[g] = hn::Set(df, kOne ? ws[g] * 0x1p120f : ws[g]);
+          const VF up = hn::Set(df, 0x1p120f);
+          constexpr int kVecs = static_cast<int>(kTileRows / kLanes);
+          for (int64_t k = 0; k < klen; ++k) {
+            HWY_UNROLL(16)
+            for (int v = 0; v < kVecs; ++v) {
+              const int64_t off = k * kTileRows + v * static_cast<int64_t>(kLanes);
+              VF x = E4M3Scaled(wt + off);
+              if constexpr (!kOne) x = hn::Mul(x, up);
+              hn::StoreU(hn::Mul(x, f[(v * static_cast<int>(kLanes)) / 16]), df, w + off);
+            }
+          }
+        };
+        if (a.w_exp_hi <= 7) {
+          prescale(std::true_type{});
+        } else {
+          prescale(std::false_type{});
+        }
         return;
       }
       for (int64_t i = 0; i < klen * kTileRows; i += static_cast<int64_t>(kLanes))
