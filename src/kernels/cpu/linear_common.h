@@ -142,12 +142,13 @@ inline bool Bf16FmaExact(const ExpRange& x, const ExpRange& w) {
 // block's sum over q·s_act and w·s_w (the dequantised operands) gives
 // exactly partial·s_act·s_w at every step, and the fold is one add:
 // acc = acc + partial'. It holds when, with e_a, e_w the scales' exponents:
-// every nonzero q·s_act and w·s_w is normal (|q|, |w| >= 2^-9 and <= 448),
+// every nonzero q·s_act and w·s_w is normal (|q|, |w| >= 2^-9 and <= 448 for
+// E4M3; E2M1 weights are 0.5 ... 6),
 // every nonzero product and partial sum is normal and finite in both forms
 // (a multiple of 2^-18·s (E4M3·E4M3; 2^-10·s for E2M1) and below
 // K_block·448² < 2^31 times s, for s = s_act or s_act·s_w). Bounds with room:
 //   e_a, e_w and e_a + e_w in [-100, 90].
-// QuantizeActRows gives e_a in [-22, 126] for finite rows; checkpoints have
+// QuantizeActRows gives e_a in about [-22, 121] for finite rows; checkpoints have
 // e_w in about [-30, 0]; a call outside the bounds (or with a non-finite
 // row's scale) keeps the two multiplies per fold.
 inline constexpr int kPrescaleMinExp = -100;
