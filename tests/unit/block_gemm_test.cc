@@ -178,13 +178,28 @@ const std::vector<PrescaleCase> kPrescaleCases = {
     {-90, -80, -10, -5, true}, // e_a + e_w down to -100
     {-90, -80, -11, -5, false}};
 
-template <typename Packed>
-void CheckPrescaled(const PrescaleCase& c, const Packed& p, const std::vector<float>& x, int64_t M, int64_t K,
-                    int ab) {
-  std::vector<float> q(M * K), sa(M * (K / ab));
-  QuantizeActRows(x.data(), M, K, ab, q.data(), sa.data());
-  EXPECT_EQ(BlockPrescaleExact(p.scale_exp_lo, p.scale_exp_hi, sa.data(), M * (K / ab)), c.prescaled)
-      << "e_w [" << c.ew_lo << ", " << c.ew_hi << "] e_a [" << c.ea_lo << ", " << c.ea_hi << "]";
+void RefLinear(const float* x, int64_t M, const ref::Fp8Weight& v, int ab, float* y) {
+  ref::LinearFp8(x, M, v, ab, y);
+}
+void RefLinear(const float* x, int64_t M, const ref::Fp4Weight& v, int ab, float* y) {
+  ref::LinearFp4(x, M, v, ab, y);
+}
+void FastLinear(const float* x, int64_t M, const PackedFp8& p, int ab, float* y) { LinearFp8(x, M, p, ab, y); }
+void FastLinear(const float* x, int64_t M, const PackedFp4& p, int ab, float* y) { LinearFp4(x, M, p, ab, y); }
+
+// Whether the guard takes the prescaled folds for this call is c.prescaled,
+// and the kernel gives the reference's bits.
+template <typename View, typename Packed>
+void CheckPrescaled(const PrescaleCase& c, const View& view, const Packed& p, const std::vector<float>& x,
+                    const Shape& s) {
+  ASSERT_FALSE(p.use_ref);
+  std::vector<float> q(s.M * s.K), sa(s.M * (s.K / s.ab));
+  QuantizeActRows(x.data(), s.M, s.K, s.ab, q.data(), sa.data());
+  EXPECT_EQ(BlockPrescaleExact(p.scale_exp_lo, p.scale_exp_hi, sa.data(), s.M * (s.K / s.ab)), c.prescaled);
+  std::vector<float> want(s.M * s.N), got(s.M * s.N, -1.0f);
+  RefLinear(x.data(), s.M, view, s.ab, want.data());
+  FastLinear(x.data(), s.M, p, s.ab, got.data());
+  EXPECT_TRUE(SameBits(got, want));
 }
 
 TEST(BlockGemm, PrescaledOperandsBitIdentical) {
@@ -204,30 +219,20 @@ TEST(BlockGemm, PrescaledOperandsBitIdentical) {
         };
         const std::vector<float> x = ActsWithScales(s.M, s.K, s.ab, c.ea_lo, c.ea_hi, seed + 100);
         {
+          SCOPED_TRACE("fp8");
           std::vector<uint8_t> w(s.N * s.K), sc(((s.N + s.ab - 1) / s.ab) * (s.K / s.ab));
           for (auto& v : w) do v = static_cast<uint8_t>(rng()); while (E4M3IsNaN(v));
           for (size_t i = 0; i < sc.size(); ++i) sc[i] = scale_byte(static_cast<int>(i));
           const ref::Fp8Weight view{w.data(), sc.data(), s.N, s.K, s.ab};
-          const PackedFp8 p = PackFp8(view);
-          ASSERT_FALSE(p.use_ref);
-          CheckPrescaled(c, p, x, s.M, s.K, s.ab);
-          std::vector<float> want(s.M * s.N), got(s.M * s.N, -1.0f);
-          ref::LinearFp8(x.data(), s.M, view, s.ab, want.data());
-          LinearFp8(x.data(), s.M, p, s.ab, got.data());
-          EXPECT_TRUE(SameBits(got, want)) << "fp8";
+          CheckPrescaled(c, view, PackFp8(view), x, s);
         }
         {
+          SCOPED_TRACE("fp4");
           std::vector<uint8_t> w(s.N * s.K / 2), sc(s.N * (s.K / 32));
           for (auto& v : w) v = static_cast<uint8_t>(rng());
           for (size_t i = 0; i < sc.size(); ++i) sc[i] = scale_byte(static_cast<int>(i));
           const ref::Fp4Weight view{w.data(), sc.data(), s.N, s.K};
-          const PackedFp4 p = PackFp4(view);
-          ASSERT_FALSE(p.use_ref);
-          CheckPrescaled(c, p, x, s.M, s.K, s.ab);
-          std::vector<float> want(s.M * s.N), got(s.M * s.N, -1.0f);
-          ref::LinearFp4(x.data(), s.M, view, s.ab, want.data());
-          LinearFp4(x.data(), s.M, p, s.ab, got.data());
-          EXPECT_TRUE(SameBits(got, want)) << "fp4";
+          CheckPrescaled(c, view, PackFp4(view), x, s);
         }
       }
     }
