@@ -202,6 +202,15 @@ TEST(CpuKernels, LinearFp8BitIdentical) {
       // with a 2-row last tile and a 40-row one.
       CheckFp8(4, 130, 256, 32, 32, 905);
       CheckFp8(5, 232, 160, 32, 32, 906);
+      // The micro-tiles that convert whole dwords of codes (linear_fp8.cc
+      // E4M3Scaled4; rows permuted in the partial sums): M = 1 and 2 with a
+      // 30-row last tile (AVX2: a narrowed 4-vector column over padding),
+      // M = 3 and 4 (AVX-512: 4 × 3, 4 × 4), M = 8 (6 + 2 / 3 + 3 + 2 rows).
+      CheckFp8(1, 222, 256, 128, 128, 907);
+      CheckFp8(2, 158, 192, 32, 32, 908);
+      CheckFp8(3, 222, 128, 32, 32, 909);
+      CheckFp8(4, 96, 128, 32, 32, 910);
+      CheckFp8(8, 160, 128, 32, 32, 911);
       // M >= 96 (the BF16 pair-dot GEMM where supported): 128- and 64-wide
       // activation blocks, two m-chunks.
       CheckFp8(100, 130, 256, 128, 128, 902);

@@ -40,12 +40,49 @@ HWY_INLINE VF E4M3Scaled(const uint8_t* p) {
   return hn::BitCast(df, hn::And(hn::ShiftLeft<20>(b), hn::Set(di, static_cast<int32_t>(0x87F00000u))));
 }
 
+// The same conversion for 4·kLanes codes at p (rows r … r + 4·kLanes − 1 of
+// one packed column) from one load, without the sign-extending shuffle: f[j]
+// lane l holds row r + 4l + j (byte j of dword l). Per dword: a 16-bit
+// arithmetic shift by 4 puts byte 3 at bits 31..20 and byte 1 at 15..4 with
+// their signs spread over the bits above; a 32-bit shift by 8 first does the
+// same for bytes 2 and 0; a 32-bit shift by 16 lifts the low halves; the mask
+// keeps bit 31 and bits 26..20. Same bits as E4M3Scaled, 5 shifts and 4 ands
+// per 4 vectors instead of 4 shuffles, 4 shifts and 4 ands: the shuffles and
+// shifts share two of Zen's four vector pipes (docs/kernels.md, "FP8 GEMV on
+// AVX2: four codes per dword").
+HWY_INLINE void E4M3Scaled4(const uint8_t* p, VF f[4]) {
+#if HWY_TARGET == HWY_SCALAR  // one lane: no 16-bit halves (kFp8Dwords is false there)
+  for (int j = 0; j < 4; ++j) f[j] = E4M3Scaled(p + j);
+#else
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const hn::Repartition<int16_t, DF> d16;
+  const auto b = hn::LoadU(di, reinterpret_cast<const int32_t*>(p));
+  const auto mask = hn::Set(di, static_cast<int32_t>(0x87F00000u));
+  const auto r31 = hn::BitCast(di, hn::ShiftRight<4>(hn::BitCast(d16, b)));
+  const auto r20 = hn::BitCast(di, hn::ShiftRight<4>(hn::BitCast(d16, hn::ShiftLeft<8>(b))));
+  f[3] = hn::BitCast(df, hn::And(r31, mask));
+  f[1] = hn::BitCast(df, hn::And(hn::ShiftLeft<16>(r31), mask));
+  f[2] = hn::BitCast(df, hn::And(r20, mask));
+  f[0] = hn::BitCast(df, hn::And(hn::ShiftLeft<16>(r20), mask));
+#endif
+}
+
+// Whether the micro-tiles convert whole dwords of codes (E4M3Scaled4), and
+// up to how many partial sums (V·MT): its four converted vectors are live at
+// once, so larger tiles spill (measured AVX2 M = 3 with 4 × 3: 0.96×).
+constexpr bool kFp8Dwords = kLanes >= 8;
+constexpr int kFp8DwordsMaxSums = kLanes >= 16 ? 16 : 8;
+
 // Micro-tile: V vectors of output rows (V·kLanes rows starting at row `roff`
 // of the 64-row tile) × MT activation rows, over the whole K.
 template <int V, int MT>
 HWY_INLINE void Fp8Micro(const QArgs& a, const uint8_t* wt, const float* ws_t, int64_t roff, int64_t m0,
                       int64_t n0) {
   const DF df;
+  // Whole dwords of codes (E4M3Scaled4) where the micro column is a multiple
+  // of 4 vectors; the rows then sit permuted in the partial sums.
+  constexpr bool kDwords = kFp8Dwords && V % 4 == 0 && V * MT <= kFp8DwordsMaxSums;
   const int64_t kblocks = a.K / a.ab;
   HWY_ALIGN float acc[MT][V * kLanes];
   for (int m = 0; m < MT; ++m)
@@ -63,26 +100,67 @@ HWY_INLINE void Fp8Micro(const QArgs& a, const uint8_t* wt, const float* ws_t, i
     const uint8_t* wk = wt + k0 * kTileRows + roff;
     for (int64_t k = k0; k < k0 + a.ab; ++k, wk += kTileRows) {
       hwy::Prefetch(wk + kPrefetchBytes);
-      HWY_UNROLL(8)
-      for (int v = 0; v < V; ++v) {
-        const VF w = E4M3Scaled(wk + v * kLanes);
+      if constexpr (kDwords) {
         HWY_UNROLL(8)
-        for (int m = 0; m < MT; ++m) part[m][v] = hn::MulAdd(hn::Set(df, q[m * a.ldq + k]), w, part[m][v]);
+        for (int g = 0; g < V / 4; ++g) {
+          VF w[4];
+          E4M3Scaled4(wk + g * 4 * kLanes, w);
+          HWY_UNROLL(4)
+          for (int j = 0; j < 4; ++j) {
+            HWY_UNROLL(8)
+            for (int m = 0; m < MT; ++m)
+              part[m][4 * g + j] = hn::MulAdd(hn::Set(df, q[m * a.ldq + k]), w[j], part[m][4 * g + j]);
+          }
+        }
+      } else {
+        HWY_UNROLL(8)
+        for (int v = 0; v < V; ++v) {
+          const VF w = E4M3Scaled(wk + v * kLanes);
+          HWY_UNROLL(8)
+          for (int m = 0; m < MT; ++m) part[m][v] = hn::MulAdd(hn::Set(df, q[m * a.ldq + k]), w, part[m][v]);
+        }
       }
     }
     const float* wsk = ws_t + (k0 / 32) * 4;
+    // Vector v's weight scale: one per 16 rows. With kDwords, lane l of
+    // vector 4g + j is row roff + 4·kLanes·g + 4l + j (the 4 rows of a dword
+    // lie in one 16-row group).
+    VF sw[V];
+    if constexpr (kDwords) {
+      HWY_ALIGN float swl[kLanes];
+      HWY_UNROLL(8)
+      for (int g = 0; g < V / 4; ++g) {
+        for (size_t l = 0; l < kLanes; ++l)
+          swl[l] = wsk[(roff + g * 4 * static_cast<int64_t>(kLanes) + 4 * static_cast<int64_t>(l)) / 16];
+        HWY_UNROLL(4)
+        for (int j = 0; j < 4; ++j) sw[4 * g + j] = hn::Load(df, swl);
+      }
+    } else {
+      HWY_UNROLL(8)
+      for (int v = 0; v < V; ++v) sw[v] = hn::Set(df, wsk[(roff + v * static_cast<int64_t>(kLanes)) / 16]);
+    }
     HWY_UNROLL(8)
     for (int m = 0; m < MT; ++m) {
       const VF s = hn::Set(df, sa[m * kblocks + kb]);
       HWY_UNROLL(8)
       for (int v = 0; v < V; ++v) {
-        const VF sw = hn::Set(df, wsk[(roff + v * static_cast<int64_t>(kLanes)) / 16]);
         const VF prev = hn::Load(df, acc[m] + v * kLanes);
-        hn::Store(hn::Add(prev, hn::Mul(hn::Mul(part[m][v], s), sw)), df, acc[m] + v * kLanes);
+        hn::Store(hn::Add(prev, hn::Mul(hn::Mul(part[m][v], s), sw[v])), df, acc[m] + v * kLanes);
       }
     }
   }
-  StoreRows<V, MT>(acc[0], a, m0, n0 + roff, /*round=*/true);
+  if constexpr (kDwords) {
+    // Back to row order: acc[m][(4g + j)·kLanes + l] is row 4·kLanes·g + 4l + j.
+    HWY_ALIGN float rows[MT][V * kLanes];
+    for (int m = 0; m < MT; ++m)
+      for (int g = 0; g < V / 4; ++g)
+        for (int j = 0; j < 4; ++j)
+          for (size_t l = 0; l < kLanes; ++l)
+            rows[m][g * 4 * kLanes + 4 * l + j] = acc[m][(4 * g + j) * kLanes + l];
+    StoreRows<V, MT>(rows[0], a, m0, n0 + roff, /*round=*/true);
+  } else {
+    StoreRows<V, MT>(acc[0], a, m0, n0 + roff, /*round=*/true);
+  }
 }
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
