@@ -380,9 +380,16 @@ std::vector<float> RefBf16Pairs(const std::vector<float>& x, int64_t M, const st
 }
 
 TEST(CpuKernels, LinearBf16AndHeadBitIdentical) {
+  // Besides kShapes, the micro-tiles that take whole dwords of weights
+  // (linear_bf16.cc LoadW2; rows permuted in the sums): M = 1 and 2 with a
+  // 30-row last tile (AVX2: a narrowed 4-vector column over padding), M = 3
+  // and 4 (AVX-512: 4 × 3, 4 × 4 sums), M = 8.
+  std::vector<Shape> shapes = kShapes;
+  for (const Shape& sh : {Shape{1, 94, 96}, Shape{2, 158, 64}, Shape{3, 222, 64}, Shape{4, 96, 64}, Shape{8, 160, 32}})
+    shapes.push_back(sh);
   ForEachTarget([&] {
     uint64_t seed = 300;
-    for (const Shape& sh : kShapes) {
+    for (const Shape& sh : shapes) {
       for (int64_t K : {sh.K, sh.K + 3}) {  // BF16 linears take any K
         seed += 7;
         const std::vector<uint16_t> w = RandomBf16(sh.N * K, seed);

@@ -46,6 +46,42 @@ HWY_INLINE VF LoadW(const uint16_t* p) {
   return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, p))));
 }
 
+// Whole dwords of BF16 weights (the GEMV-sized micro-tiles): 2·kLanes
+// weights at p (rows r … r + 2·kLanes − 1 of one packed column) from one
+// load; w[1] lane l is row r + 2l + 1 (the high half: a mask), w[0] lane l
+// row r + 2l (the low half: a shift). One shift and one `and` per 2 vectors
+// instead of 2 widening shuffles and 2 shifts, which share two of Zen's four
+// vector pipes (docs/kernels.md, "FP8 and BF16 GEMVs on AVX2: whole dwords").
+// Used where V is even and V·MT <= kBf16DwordsMaxSums.
+constexpr bool kBf16Dwords = kLanes >= 8;
+constexpr int kBf16DwordsMaxSums = kLanes >= 16 ? 16 : 8;
+HWY_INLINE void LoadW2(const uint16_t* p, VF w[2]) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const auto b = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
+  w[0] = hn::BitCast(df, hn::ShiftLeft<16>(b));
+  w[1] = hn::BitCast(df, hn::And(b, hn::Set(du, 0xFFFF0000u)));
+}
+
+template <typename WT, int V, int MT>
+constexpr bool Bf16UseDwords() {
+  return kBf16Dwords && sizeof(WT) == 2 && V % 2 == 0 && V * MT <= kBf16DwordsMaxSums;
+}
+
+// Weight vector w (column k, vector v of the micro column) into every row's sums.
+template <bool kFma, int V, int MT>
+HWY_INLINE void Bf16Column(VF (&acc)[MT][V], int v, VF w, const float* xr, int64_t ldq, int64_t k) {
+  const DF df;
+  HWY_UNROLL(8)
+  for (int m = 0; m < MT; ++m) {
+    if constexpr (kFma) {
+      acc[m][v] = hn::MulAdd(hn::Set(df, xr[m * ldq + k]), w, acc[m][v]);
+    } else {
+      acc[m][v] = hn::Add(acc[m][v], hn::Mul(hn::Set(df, xr[m * ldq + k]), w));
+    }
+  }
+}
+
 // One k of the micro-tile (an always-inlined function, not a lambda: with
 // the FMA variants g++ stopped inlining a lambda here and spilled the sums).
 // R: rows per packed tile (kTileRows; a small PackedF32: 16 or 32).
@@ -57,17 +93,17 @@ HWY_INLINE void Bf16Step(VF (&acc)[MT][V], const WT* wt, int64_t R, int64_t roff
   const WT* wk = wt + k * R + roff;
   hwy::Prefetch(wk + kPf);
   if constexpr (sizeof(WT) * kTileRows > 64) hwy::Prefetch(wk + kPf + 64 / sizeof(WT));
-  HWY_UNROLL(8)
-  for (int v = 0; v < V; ++v) {
-    const VF w = LoadW(wk + v * kLanes);
+  if constexpr (Bf16UseDwords<WT, V, MT>()) {
     HWY_UNROLL(8)
-    for (int m = 0; m < MT; ++m) {
-      if constexpr (kFma) {
-        acc[m][v] = hn::MulAdd(hn::Set(df, xr[m * ldq + k]), w, acc[m][v]);
-      } else {
-        acc[m][v] = hn::Add(acc[m][v], hn::Mul(hn::Set(df, xr[m * ldq + k]), w));
-      }
+    for (int g = 0; g < V / 2; ++g) {
+      VF w[2];
+      LoadW2(wk + g * 2 * kLanes, w);
+      Bf16Column<kFma, V, MT>(acc, 2 * g, w[0], xr, ldq, k);
+      Bf16Column<kFma, V, MT>(acc, 2 * g + 1, w[1], xr, ldq, k);
     }
+  } else {
+    HWY_UNROLL(8)
+    for (int v = 0; v < V; ++v) Bf16Column<kFma, V, MT>(acc, v, LoadW(wk + v * kLanes), xr, ldq, k);
   }
 }
 
@@ -98,7 +134,17 @@ HWY_INLINE void Bf16Micro(const QArgs& a, const WT* wt, int64_t R, const float* 
   HWY_ALIGN float out[MT][V * kLanes];
   for (int m = 0; m < MT; ++m)
     for (int v = 0; v < V; ++v) hn::Store(acc[m][v], df, out[m] + v * kLanes);
-  StoreRows<V, MT>(out[0], a, m0, n0 + roff, a.round);
+  if constexpr (Bf16UseDwords<WT, V, MT>()) {
+    // Back to row order: out[m][(2g + j)·kLanes + l] is row 2·kLanes·g + 2l + j.
+    HWY_ALIGN float rows[MT][V * kLanes];
+    for (int m = 0; m < MT; ++m)
+      for (int g = 0; g < V / 2; ++g)
+        for (int j = 0; j < 2; ++j)
+          for (size_t l = 0; l < kLanes; ++l) rows[m][g * 2 * kLanes + 2 * l + j] = out[m][(2 * g + j) * kLanes + l];
+    StoreRows<V, MT>(rows[0], a, m0, n0 + roff, a.round);
+  } else {
+    StoreRows<V, MT>(out[0], a, m0, n0 + roff, a.round);
+  }
 }
 
 void RunBf16Items(const QArgs& a, int64_t item0, int64_t item1) {
