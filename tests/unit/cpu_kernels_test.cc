@@ -20,6 +20,7 @@
 
 #include "format/numerics.h"
 #include "base/alloc_count.h"
+#include "base/error.h"
 #include "base/parallel.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ref/ref_math.h"
@@ -218,6 +219,28 @@ TEST(CpuKernels, LinearFp8BitIdentical) {
       CheckFp8(96, 64, 96, 32, 32, 904);
     });
   });
+}
+
+// An activation block that does not divide the input width is an error (it
+// once overran the reference's per-block scale buffer), on both paths.
+TEST(CpuKernels, QuantisedLinearsRejectActivationBlockNotDividingInput) {
+  const int64_t N = 8, K = 64;
+  const std::vector<uint8_t> w8 = RandomE4M3(N * K, 41);
+  const std::vector<uint8_t> s8 = RandomScales(2, 42);
+  const ref::Fp8Weight v8{w8.data(), s8.data(), N, K, 32};
+  std::vector<uint8_t> w4(N * K / 2, 0x21), s4(N * (K / 32), 127);
+  const ref::Fp4Weight v4{w4.data(), s4.data(), N, K};
+  const std::vector<float> x = RandomActs(K, 43);
+  std::vector<float> y(N);
+  for (int ab : {48, 0, -32}) {
+    EXPECT_THROW(ref::LinearFp8(x.data(), 1, v8, ab, y.data()), Error) << ab;
+    EXPECT_THROW(LinearFp8(x.data(), 1, PackFp8(v8), ab, y.data()), Error) << ab;
+    EXPECT_THROW(ref::LinearFp4(x.data(), 1, v4, ab, y.data()), Error) << ab;
+    EXPECT_THROW(LinearFp4(x.data(), 1, PackFp4(v4), ab, y.data()), Error) << ab;
+  }
+  // Valid blocks still run (16 divides 64: the reference path for FP8).
+  EXPECT_NO_THROW(LinearFp8(x.data(), 1, PackFp8(v8), 16, y.data()));
+  EXPECT_NO_THROW(LinearFp4(x.data(), 1, PackFp4(v4), 32, y.data()));
 }
 
 TEST(CpuKernels, LinearFp8IeeeBitIdentical) {

@@ -136,7 +136,8 @@ PackedF32 PackF32(const float* w, int64_t out, int64_t in);
 // every M, thread count and dispatch target. x and y must not alias.
 //
 // FP8 linear: act_block must be a multiple of 32 that divides in (32 for
-// V4.1), as for ref::LinearFp8. act_format selects the activation quantiser
+// V4.1), as for ref::LinearFp8; another act_block takes the reference's path,
+// which raises Error(kInvalidArgument) when it does not divide in. act_format selects the activation quantiser
 // (QuantizeActE4M3's fmt: maximum 448 or 224); the weight codes are used as
 // they are (e4m3-ieee weights are transformed at load, HalveE4M3).
 void LinearFp8(const float* x, int64_t M, const PackedFp8& w, int act_block, float* y,

@@ -315,7 +315,7 @@ HWY_EXPORT(RunFp8Call);
 
 void LinearFp8(const float* x, int64_t M, const PackedFp8& w, int act_block, float* y, Fp8Format act_format) {
   if (M <= 0) return;
-  if (w.use_ref || act_block % 32 != 0 || w.src.in % act_block != 0) {
+  if (w.use_ref || act_block <= 0 || act_block % 32 != 0 || w.src.in % act_block != 0) {
     ref::LinearFp8(x, M, w.src, act_block, y, act_format);
     return;
   }

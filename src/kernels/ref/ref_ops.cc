@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "base/error.h"
 #include "format/numerics.h"
 #include "kernels/ref/ref_math.h"
 
@@ -23,6 +24,10 @@ constexpr int64_t kParallelWork = int64_t{1} << 20;
 void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, int act_block, float* y, Fp8Format act_format) {
   const int64_t K = w.in, N = w.out;
   const int B = w.block;
+  if (act_block <= 0 || K % act_block != 0)
+    Fail(ErrorKind::kInvalidArgument, "LinearFp8: activation block {} does not divide the input width {}", act_block,
+         K);
+  if (B <= 0) Fail(ErrorKind::kInvalidArgument, "LinearFp8: weight block {} is not positive", B);
   const int64_t kblocks = K / act_block;
   const int64_t scale_cols = (K + B - 1) / B;
   // The reference's fp8_gemm requires act_block == weight block (32 in V4.1).
@@ -54,6 +59,9 @@ void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, int act_block, flo
 
 void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, int act_block, float* y, Fp8Format act_format) {
   const int64_t K = w.in, N = w.out;
+  if (act_block <= 0 || K % act_block != 0 || K % 32 != 0)
+    Fail(ErrorKind::kInvalidArgument,
+         "LinearFp4: activation block {} and the 32-column scale groups must divide the input width {}", act_block, K);
   const int64_t kblocks = K / act_block;
   const int64_t groups = K / 32;
 #pragma omp parallel if(M * N * K > kParallelWork)

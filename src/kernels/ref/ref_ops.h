@@ -60,13 +60,17 @@ struct Bf16Weight {
 // act_format = kE4M3Ieee: the activations are quantised to a maximum of 224
 // (QuantizeActE4M3's e4m3-ieee rule); the weight is used as given (the
 // model transforms e4m3-ieee weights at load: codes halved, scales + 1).
+// Raises Error(kInvalidArgument) when act_block <= 0 or does not divide `in`,
+// or the weight block is not positive.
 void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, int act_block, float* y,
                Fp8Format act_format = Fp8Format::kE4M3FN);
 
 // FP4 routed-expert linear (fp4_gemm): as LinearFp8 with E2M1 weights and
 // per-(row, 32-group) UE8M0 weight scales; the activation scale of the
 // act_block containing each 32-group is used. y [M, out] BF16. act_format as
-// for LinearFp8 (the FP4 weights are never transformed).
+// for LinearFp8 (the FP4 weights are never transformed). Raises
+// Error(kInvalidArgument) unless act_block > 0 and both act_block and 32
+// divide `in`.
 void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, int act_block, float* y,
                Fp8Format act_format = Fp8Format::kE4M3FN);
 
