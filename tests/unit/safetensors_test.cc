@@ -4,6 +4,8 @@
 #include "format/safetensors.h"
 
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -53,6 +55,28 @@ TEST(Safetensors, ParsesValidFileZeroCopy) {
   // I8 packed FP4: numel bytes of the stored shape.
   EXPECT_EQ(h.tensors[2].nbytes, 8u);
   EXPECT_EQ(h.tensors[2].dtype, DType::kI8);
+}
+
+// A header with many entries (a real shard holds thousands; the `large` tiny
+// preset's one file 13 201): every tensor parsed, in name order, at its
+// offsets; a duplicate among them is still found.
+TEST(Safetensors, ManyTensorsParseAndDuplicateAmongThemIsFound) {
+  constexpr int kN = 20000;
+  std::vector<FakeTensor> t;
+  t.reserve(kN);
+  for (int i = 0; i < kN; ++i) t.push_back({"layers." + std::to_string(i) + ".w", "F32", {1}, ""});
+  const std::string img = SafetensorsImage(t);
+  const SafetensorsHeader h = ParseString(img);
+  ASSERT_EQ(h.tensors.size(), static_cast<size_t>(kN));
+  for (size_t i = 1; i < h.tensors.size(); ++i) ASSERT_LT(h.tensors[i - 1].name, h.tensors[i].name);
+  for (const TensorView& v : h.tensors) {
+    const int idx = std::stoi(v.name.substr(7));
+    ASSERT_EQ(reinterpret_cast<const char*>(v.data), img.data() + h.data_offset + 4 * idx) << v.name;
+  }
+  std::string dup = R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+  for (int i = 0; i < kN; ++i) dup += ",\"t" + std::to_string(i) + R"(":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+  dup += R"(,"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  ParseError(Img(dup, 4), {"duplicate JSON key \"x\""});
 }
 
 TEST(Safetensors, EmptyHeaderObjectAndScalarShape) {
