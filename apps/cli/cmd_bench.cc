@@ -637,7 +637,7 @@ unset multiplot
 }  // namespace
 
 void RegisterBench(CLI::App& app) {
-  auto* bench_cmd = app.add_subcommand("bench", "Benchmarks: kernels (GEMV/GEMM vs memory bandwidth) and e2e");
+  auto* bench_cmd = app.add_subcommand("bench", "Benchmarks: kernels (GEMV/GEMM vs memory bandwidth), e2e and structured");
   bench_cmd->require_subcommand(1);
   auto args = std::make_shared<KernelArgs>();
   auto* k = bench_cmd->add_subcommand("kernels", "STREAM bandwidth, GEMV GB/s and GEMM GFLOP/s vs OpenBLAS sgemm");

@@ -88,7 +88,6 @@ HWY_INLINE void Bf16Column(VF (&acc)[MT][V], int v, VF w, const float* xr, int64
 template <typename WT, bool kFma, int V, int MT>
 HWY_INLINE void Bf16Step(VF (&acc)[MT][V], const WT* wt, int64_t R, int64_t roff, const float* xr, int64_t ldq,
                          int64_t k) {
-  const DF df;
   constexpr int64_t kPf = kPrefetchBytes / static_cast<int64_t>(sizeof(WT));
   const WT* wk = wt + k * R + roff;
   hwy::Prefetch(wk + kPf);
