@@ -58,8 +58,6 @@ void CheckParallelArgs(const EngineArgs& args, int world_size) {
            "--cp {} with --ep {} is not supported: expert parallelism with --cp runs on the same ranks (--ep 1 or "
            "--ep {})",
            cp, ep, cp);
-    // --speculative-config with --cp is refused when the engine opens
-    // (engine.cc: the draft and rollback steps are not context-parallel).
   }
   if (ep < 1) Fail(ErrorKind::kInvalidArgument, "--ep must be >= 1, got {}", ep);
   if (dp < 1) Fail(ErrorKind::kInvalidArgument, "--dp must be >= 1, got {}", dp);
@@ -81,6 +79,20 @@ void CheckParallelArgs(const EngineArgs& args, int world_size) {
          "--dp {} is not supported with --ep {}: data-parallel attention runs on every expert-parallel rank "
          "(--dp 1 or --dp {})",
          dp, ep, ep);
+  // Speculative decoding runs in one process (engine.cc refuses it too, for
+  // library users); refused here, on every rank before any collective, so the
+  // other ranks fail with the same message instead of a broken collective.
+  if (world_size > 1 && !args.speculative_config.empty() && ParseSpeculativeConfig(args.speculative_config).enabled()) {
+    if (cp > 1)
+      Fail(ErrorKind::kInvalidArgument,
+           "--speculative-config cannot be combined with --cp {}: the draft and rollback steps are not "
+           "context-parallel",
+           cp);
+    Fail(ErrorKind::kInvalidArgument,
+         "--speculative-config cannot be combined with a parallel job (--ep {} --dp {}): the rollback of rejected "
+         "drafts runs in this process's pool only",
+         ep, dp);
+  }
   if (args.dp_moe_exchange != "auto" && args.dp_moe_exchange != "general")
     Fail(ErrorKind::kInvalidArgument, "--dp-moe-exchange must be auto or general, got \"{}\"", args.dp_moe_exchange);
   if (args.prefill_attempt_interval < 0)

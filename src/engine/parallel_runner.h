@@ -41,7 +41,10 @@ int64_t KvBlocksFor(const EngineArgs& args, const StateGeometry& geometry);
 void ValidateEngineArgs(const EngineArgs& args);
 
 // Checks --ep / --dp / --dp-moe-exchange / --prefill-attempt-interval against
-// the job's rank count; throws Error(kInvalidArgument) naming the flags.
+// the job's rank count, and refuses --speculative-config in a job of several
+// ranks (every rank calls this first, so all fail alike); throws
+// Error(kInvalidArgument) naming the flags (a malformed --speculative-config:
+// ParseSpeculativeConfig's error).
 void CheckParallelArgs(const EngineArgs& args, int world_size);
 
 // The exchange a step uses (expert_parallel.h).

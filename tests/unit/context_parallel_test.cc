@@ -139,6 +139,25 @@ TEST(ContextParallel, UnsupportedCombinationsNameTheFlags) {
   EXPECT_NE(msg(2, 4, 1, 2).find("--cp 2 with --ep 4 is not supported"), std::string::npos);
   EXPECT_NE(msg(-1, 1, 1, 1).find("--cp must be >= 1"), std::string::npos);
   EXPECT_NE(msg(1, 1, 1, 2).find("--ep 1 must equal the number of ranks"), std::string::npos);
+  // Speculative decoding in a job of several ranks: refused by every rank's
+  // check (before, only the engine's rank refused it and the others met a
+  // broken collective); one process keeps it.
+  auto spec_msg = [](int cp, int ep, int world) {
+    EngineArgs a;
+    a.context_parallel_size = cp;
+    a.expert_parallel_size = ep;
+    a.speculative_config = R"({"method": "ngram", "num_speculative_tokens": 2})";
+    try {
+      CheckParallelArgs(a, world);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(spec_msg(1, 1, 1), "");
+  EXPECT_NE(spec_msg(2, 1, 2).find("--speculative-config cannot be combined with --cp 2"), std::string::npos);
+  EXPECT_NE(spec_msg(1, 2, 2).find("--speculative-config cannot be combined with a parallel job (--ep 2"),
+            std::string::npos);
 }
 
 }  // namespace
