@@ -117,11 +117,12 @@ TEST(ContextParallel, PoolIsPerRankAndMaxModelLenMustFitTheGroup) {
 }
 
 TEST(ContextParallel, UnsupportedCombinationsNameTheFlags) {
-  auto msg = [](int cp, int ep, int dp, int world) {
+  auto msg = [](int cp, int ep, int dp, int world, const std::string& spec = "") {
     EngineArgs a;
     a.context_parallel_size = cp;
     a.expert_parallel_size = ep;
     a.data_parallel_size = dp;
+    a.speculative_config = spec;
     try {
       CheckParallelArgs(a, world);
     } catch (const Error& e) {
@@ -142,21 +143,10 @@ TEST(ContextParallel, UnsupportedCombinationsNameTheFlags) {
   // Speculative decoding in a job of several ranks: refused by every rank's
   // check (before, only the engine's rank refused it and the others met a
   // broken collective); one process keeps it.
-  auto spec_msg = [](int cp, int ep, int world) {
-    EngineArgs a;
-    a.context_parallel_size = cp;
-    a.expert_parallel_size = ep;
-    a.speculative_config = R"({"method": "ngram", "num_speculative_tokens": 2})";
-    try {
-      CheckParallelArgs(a, world);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
-  EXPECT_EQ(spec_msg(1, 1, 1), "");
-  EXPECT_NE(spec_msg(2, 1, 2).find("--speculative-config cannot be combined with --cp 2"), std::string::npos);
-  EXPECT_NE(spec_msg(1, 2, 2).find("--speculative-config cannot be combined with a parallel job (--ep 2"),
+  const std::string spec = R"({"method": "ngram", "num_speculative_tokens": 2})";
+  EXPECT_EQ(msg(1, 1, 1, 1, spec), "");
+  EXPECT_NE(msg(2, 1, 1, 2, spec).find("--speculative-config cannot be combined with --cp 2"), std::string::npos);
+  EXPECT_NE(msg(1, 2, 1, 2, spec).find("--speculative-config cannot be combined with a parallel job (--ep 2"),
             std::string::npos);
 }
 
