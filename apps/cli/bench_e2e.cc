@@ -70,7 +70,9 @@ struct E2eArgs {
 };
 
 // Bytes of weights a batch-1 decode token reads (see file comment).
-json ActiveBytes(const TensorStore& store, const ModelConfig& c) {
+// wo_a_decode: the bytes the model's batch-1 decode streams for wo_a (its
+// 8-bit decode copy where the packing made one), or 0: BF16, 2 per element.
+json ActiveBytes(const TensorStore& store, const ModelConfig& c, int64_t wo_a_decode) {
   static const std::regex kExpert(R"(^layers\.\d+\.ffn\.experts\.\d+\..*)");
   static const std::regex kEngramTable(R"(^layers\.\d+\.engram\.embed\..*)");
   static const std::regex kWoA(R"(^layers\.\d+\.attn\.wo_a\.(weight|scale)$)");
@@ -88,8 +90,9 @@ json ActiveBytes(const TensorStore& store, const ModelConfig& c) {
       dense += t.nbytes;
     }
   }
-  // wo_a is dequantised to BF16 at load: 2 bytes per element streamed.
-  dense += 2 * woa_numel;
+  // wo_a is dequantised to BF16 at load (2 bytes per element); a batch-1
+  // decode streams its 8-bit copy instead where the packing made one.
+  dense += wo_a_decode > 0 ? static_cast<uint64_t>(wo_a_decode) : 2 * woa_numel;
   const double routed_active =
       static_cast<double>(routed_all) * c.n_activated_experts / std::max(1, c.n_routed_experts);
   const double embed_row = 2.0 * c.dim;
@@ -99,7 +102,9 @@ json ActiveBytes(const TensorStore& store, const ModelConfig& c) {
               {"routed_expert_bytes_all", routed_all},
               {"routed_expert_bytes_active", routed_active},
               {"excluded_bytes", excluded},
-              {"note", "batch 1: dense tensors (wo_a as BF16) + top-k/E of routed experts + one embedding row; "
+              {"wo_a_bytes", wo_a_decode > 0 ? static_cast<uint64_t>(wo_a_decode) : 2 * woa_numel},
+              {"note", "batch 1: dense tensors (wo_a as its 8-bit decode copy where the packing made one, else "
+                       "BF16) + top-k/E of routed experts + one embedding row; "
                        "MTP/DSpark, vision, Engram tables and KV-cache reads excluded"}};
 }
 
@@ -302,7 +307,7 @@ void RunE2e(const E2eArgs& a) {
   }
   {
     std::unique_ptr<TensorStore> store = TensorStore::Open(dir);
-    out["active_weights"] = ActiveBytes(*store, cfg);
+    out["active_weights"] = ActiveBytes(*store, cfg, model ? model->weight_bytes().wo_a_decode : 0);
     out["checkpoint_bytes"] = store->total_bytes();
   }
   const double active = out["active_weights"]["bytes_per_token"].get<double>();

@@ -465,18 +465,33 @@ void RunKernels(const KernelArgs& args) {
       gemv.push_back(TimeGemv(r, 1, triad));
     }
   }
-  {  // BF16 grouped wo_a: 8 groups × [1024, 4096]
+  // BF16 grouped linears, 8 groups × [1024, 4096]: the model's wo_a (FP8
+  // dequantised to BF16 at load, so its 8-bit decode copy streams: bytes =
+  // that copy's), and the same shape over general BF16 values (the BF16 GEMV).
+  for (const bool fp8_derived : {true, false}) {
     const int groups = 8;
     const int64_t R = 1024, Kg = 4096;
-    const std::vector<uint16_t> w = bench::Bf16Values(groups * R * Kg, 7, 0.05f);
+    std::vector<uint16_t> w;
+    if (fp8_derived) {
+      std::vector<uint8_t> c, sc;
+      bench::QuantizedFp8(groups * R, Kg, 7, &c, &sc);
+      w.resize(c.size());
+      for (int64_t n = 0; n < groups * R; ++n)
+        for (int64_t k = 0; k < Kg; ++k)
+          w[n * Kg + k] = FloatToBf16(E4M3ToFloat(c[n * Kg + k]) * E8M0ToFloat(sc[(n / 32) * (Kg / 32) + k / 32]));
+    } else {
+      w = bench::Bf16Values(groups * R * Kg, 7, 0.05f);
+    }
     const std::vector<float> x = bench::Acts(groups * Kg, 8);
     const ref::Bf16Weight view{w.data(), groups * R, Kg};
     auto packs = std::make_shared<std::vector<cpu::PackedBf16>>();
     packs->push_back(cpu::PackBf16(view));
-    const int copies = args.quick ? 1 : copies_for(static_cast<int64_t>((*packs)[0].bytes()));
+    const int64_t bytes = static_cast<int64_t>((*packs)[0].decode_bytes());
+    const int copies = args.quick ? 1 : copies_for(bytes);
     for (int i = 1; i < copies; ++i) packs->push_back(cpu::PackBf16(view));
-    GemvCase c{"bf16 wo_a 8x1024x4096", "bf16", "fast", groups * R, Kg, static_cast<int64_t>((*packs)[0].bytes()),
-               copies, [packs, x, &y, groups](int i) {
+    GemvCase c{fp8_derived ? "bf16 wo_a 8x1024x4096" : "bf16 8x1024x4096 grouped",
+               fp8_derived && (*packs)[0].w8 ? "bf16 (8-bit copy)" : "bf16", "fast", groups * R, Kg, bytes, copies,
+               [packs, x, &y, groups](int i) {
                  cpu::GroupedLinearBf16(x.data(), 1, groups, (*packs)[i], y.data());
                }};
     gemv.push_back(TimeGemv(c, args.reps, triad));

@@ -23,6 +23,7 @@
 #include "base/error.h"
 #include "base/parallel.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/linear_common.h"
 #include "kernels/ref/ref_math.h"
 #include "kernels/ref/ref_ops.h"
 
@@ -519,6 +520,146 @@ TEST(CpuKernels, GroupedLinearBf16BitIdentical) {
     // activation range so that the pair order changes some rounded outputs.
     for (int64_t M : {1, 300}) CheckGrouped(M, 32, 97, 450 + M, -10.0f, 14.0f);
   });
+}
+
+// BF16 weights that are dequantised FP8 (`wo_a`: E4M3 × the UE8M0 scale of
+// its B×B block, then BF16, as the loader's DequantBf16): PackBf16 makes the
+// 8-bit decode copy (PackedBf16::w8), and the calls of up to kBf16CodesMaxM
+// rows that stream it give the reference's bits — the sequential and the pair
+// order, FP32 output (LinearF32Bf16W), grouped; partial last tiles, row
+// slices (N <= 128 with 3 threads) and every micro-tile height.
+std::vector<uint16_t> DequantisedFp8(int64_t N, int64_t K, int64_t B, uint64_t seed, int scale_lo = 100,
+                                     int scale_hi = 130) {
+  const std::vector<uint8_t> c = RandomE4M3(N * K, seed);
+  const int64_t sc = (K + B - 1) / B;
+  const std::vector<uint8_t> s = RandomScales(((N + B - 1) / B) * sc, seed + 1, scale_lo, scale_hi);
+  std::vector<uint16_t> w(N * K);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      w[n * K + k] = FloatToBf16(E4M3ToFloat(c[n * K + k]) * E8M0ToFloat(s[(n / B) * sc + k / B]));
+  return w;
+}
+
+TEST(CpuKernels, Bf16DecodeCopyBitIdentical) {
+  ForEachTarget([&] {
+    uint64_t seed = 1200;
+    for (const int64_t B : {32, 128}) {
+      for (const Shape& sh : {Shape{1, 64, 64}, Shape{1, 94, 96}, Shape{1, 200, 160}, Shape{2, 158, 64},
+                              Shape{3, 222, 64}, Shape{4, 96, 64}, Shape{5, 64, 32}, Shape{8, 160, 32},
+                              Shape{16, 130, 96}, Shape{17, 70, 64}}) {
+        seed += 11;
+        const std::vector<uint16_t> w = DequantisedFp8(sh.N, sh.K, B, seed);
+        const std::vector<float> x = RandomActs(sh.M * sh.K, seed + 2, -8.0f, 3.0f);
+        const ref::Bf16Weight view{w.data(), sh.N, sh.K};
+        const PackedBf16 p = PackBf16(view);
+        ASSERT_TRUE(p.w8 != nullptr) << "B=" << B << " N=" << sh.N << " K=" << sh.K;
+        EXPECT_LT(p.decode_bytes(), p.bytes() / 2);
+        std::vector<float> want(sh.M * sh.N), got(sh.M * sh.N, -1.0f);
+        ref::LinearBf16(x.data(), sh.M, view, want.data());
+        LinearBf16(x.data(), sh.M, p, got.data());
+        EXPECT_TRUE(SameBits(got, want)) << "B=" << B << " M=" << sh.M << " N=" << sh.N << " K=" << sh.K;
+        LinearBf16(x.data(), sh.M, p, got.data(), /*pairs=*/true);
+        EXPECT_TRUE(SameBits(got, RefBf16Pairs(x, sh.M, w, sh.N, sh.K, sh.K, 0, 0))) << "pairs M=" << sh.M;
+        ref::LinearF32Bf16W(x.data(), sh.M, view, want.data());
+        LinearF32Bf16W(x.data(), sh.M, p, got.data());
+        EXPECT_TRUE(SameBits(got, want)) << "LinearF32Bf16W M=" << sh.M;
+      }
+    }
+    // Grouped (wo_a's shape: 4 groups of 64 rows, 96 inputs each).
+    for (const int64_t M : {1, 2, 4, 7}) {
+      const int groups = 4;
+      const int64_t R = 64, Kg = 96;
+      const std::vector<uint16_t> w = DequantisedFp8(groups * R, Kg, 32, 1300 + M);
+      const std::vector<float> o = RandomActs(M * groups * Kg, 1310 + M, -6.0f, 3.0f);
+      const ref::Bf16Weight view{w.data(), groups * R, Kg};
+      const PackedBf16 p = PackBf16(view);
+      ASSERT_TRUE(p.w8 != nullptr);
+      std::vector<float> want(M * groups * R), got(M * groups * R, -1.0f);
+      ref::GroupedLinearBf16(o.data(), M, groups, view, want.data());
+      GroupedLinearBf16(o.data(), M, groups, p, got.data());
+      EXPECT_TRUE(SameBits(got, want)) << "grouped M=" << M;
+      GroupedLinearBf16(o.data(), M, groups, p, got.data(), /*pairs=*/true);
+      EXPECT_TRUE(SameBits(got, RefBf16Pairs(o, M, w, groups * R, Kg, groups * Kg, Kg, R))) << "grouped pairs M=" << M;
+    }
+  });
+}
+
+// Where the decode copy cannot hold a weight exactly it is not made, and
+// where a call's products or scaled activations are not exact the call
+// streams the BF16 weights: the same bits either way.
+TEST(CpuKernels, Bf16DecodeCopyOnlyWhereExact) {
+  const int64_t N = 128, K = 64;
+  // One weight with 5 significant bits (not an E4M3 value), one in a block
+  // whose range is wider than E4M3's (2^-10 beside 2^8), 16-row scale blocks
+  // of different scales inside one 32-row half, or too large a factor: no copy.
+  std::vector<uint16_t> w = DequantisedFp8(N, K, 32, 1400);
+  w[5 * K + 7] = FloatToBf16(1.0625f);
+  EXPECT_TRUE(PackBf16({w.data(), N, K}).w8 == nullptr);
+  w = DequantisedFp8(N, K, 32, 1400);
+  w[0] = FloatToBf16(0x1p-10f);
+  w[1] = FloatToBf16(256.0f);
+  EXPECT_TRUE(PackBf16({w.data(), N, K}).w8 == nullptr);
+  w = DequantisedFp8(N, K, 16, 1401, 100, 140);
+  EXPECT_TRUE(PackBf16({w.data(), N, K}).w8 == nullptr);
+  // A block factor past 2^127 (weights from 448 · 2^8: E4M3 × 2^-120 · 2^128).
+  w = DequantisedFp8(N, K, 32, 1403, 135, 135);
+  EXPECT_TRUE(PackBf16({w.data(), N, K}).w8 == nullptr);
+  // Dequantised FP8 with activations whose products underflow or come near
+  // overflow, or that are not BF16 values, or not finite: the copy exists,
+  // the calls do not use it, and the bits are the reference's.
+  ForEachTarget([&] {
+    const std::vector<uint16_t> wq = DequantisedFp8(N, K, 32, 1402);
+    const ref::Bf16Weight view{wq.data(), N, K};
+    const PackedBf16 p = PackBf16(view);
+    ASSERT_TRUE(p.w8 != nullptr);
+    for (int c = 0; c < 5; ++c) {
+      const int64_t M = 1 + c;
+      std::vector<float> x = RandomActs(M * K, 1410 + c, c == 0 ? -128.0f : (c == 1 ? 110.0f : -8.0f),
+                                        c == 0 ? -110.0f : (c == 1 ? 127.0f : 3.0f));
+      if (c == 2) x[3] = 1.0f + 0x1p-20f;  // not a BF16 value
+      if (c == 3) x[K + 5] = std::numeric_limits<float>::infinity();
+      if (c == 4) x[1] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> want(M * N), got(M * N, -1.0f);
+      ref::LinearF32Bf16W(x.data(), M, view, want.data());
+      LinearF32Bf16W(x.data(), M, p, got.data());
+      EXPECT_TRUE(SameBits(got, want)) << "case " << c;
+    }
+  });
+}
+
+// FloatsExpRange (the per-call guard of the BF16 FMAs and the decode copy)
+// agrees with ExpRange::Add, its element-by-element definition, on normal,
+// subnormal, zero, infinite, NaN and non-BF16 values, with a row stride.
+TEST(CpuKernels, FloatsExpRangeMatchesItsDefinition) {
+  std::mt19937_64 rng(77);
+  const float specials[] = {0.0f, -0.0f, 0x1p-149f, -0x1p-130f, 0x1p-126f, 0x1.fep127f,
+                            std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                            1.0f + 0x1p-20f, -3.5f};
+  for (int c = 0; c < 200; ++c) {
+    const int64_t M = 1 + c % 3, K = 1 + static_cast<int64_t>(rng() % 40), ld = K + c % 2;
+    std::vector<float> x(M * ld);
+    for (auto& v : x) {
+      const uint64_t r = rng();
+      v = r % 7 == 0 ? specials[(r >> 8) % 10] : RoundBf16(std::ldexp(1.0f + (r >> 40) % 128 / 128.0f, static_cast<int>((r >> 16) % 60) - 30));
+    }
+    if (c % 5 == 0) std::fill(x.begin(), x.end(), c % 2 ? -0.0f : 0.0f);
+    ExpRange want;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) {
+        uint32_t u;
+        std::memcpy(&u, &x[m * ld + k], 4);
+        want.bf16 = want.bf16 && (u & 0xFFFFu) == 0;
+        want.Add(u);
+      }
+    const ExpRange got = FloatsExpRange(x.data(), M, K, ld);
+    EXPECT_EQ(got.any_nonzero, want.any_nonzero) << c;
+    EXPECT_EQ(got.finite, want.finite) << c;
+    EXPECT_EQ(got.bf16, want.bf16) << c;
+    if (want.any_nonzero) {
+      EXPECT_EQ(got.lo, want.lo) << c;
+      EXPECT_EQ(got.hi, want.hi) << c;
+    }
+  }
 }
 
 // A row's result must not depend on M, on the other rows or on the threads.

@@ -108,8 +108,24 @@ struct PackedBf16 {
   // (defaults: no FMA unless PackBf16 measured the weights)
   int exp_lo = -1000, exp_hi = 1000;
   bool finite = true, any_nonzero = true;
-  size_t bytes() const;
+  // The 8-bit decode copy, made by PackBf16 when every weight is an E4M3FN
+  // value times a power of two shared by its block of 32 rows × 32 columns
+  // (`wo_a`: the checkpoint's FP8 × its UE8M0 block scale, dequantised at
+  // load, model-spec §2.5 item 3), else null: w8[t][k][r] the E4M3FN code of
+  // row 64t+r, column k (0 for padding rows), s8[t][k/32][r/32] = 2^(e+120),
+  // so that the weight is exactly (E4M3 value · 2^-120) · s8 (linear_bf16.cc
+  // Bf16Micro8). The small-M calls (M <= kBf16CodesMaxM) stream it instead of
+  // w when every product of the call is exact: the same bits from half the
+  // bytes. s8_exp_lo/hi: the binary exponent range of s8.
+  AlignedArray<uint8_t> w8;
+  AlignedArray<float> s8;
+  int s8_exp_lo = 1000, s8_exp_hi = -1000;
+  size_t bytes() const;         // bytes allocated for w (and w8, s8 when present)
+  size_t decode_bytes() const;  // bytes a small-M call streams: w8 and s8 when present, else w
 };
+// Calls with at most this many rows may read PackedBf16::w8 where it exists
+// (AVX-512: up to 4 rows, AVX2: 2; linear_bf16.cc kBf16CodesRows).
+inline constexpr int64_t kBf16CodesMaxM = 4;
 
 // FP32 weight [out, in] repacked like PackedBf16 (the mHC `hc_*_fn`), with
 // `rows` rows per tile: 64, or 16 / 32 for out <= 16 / 32 (one tile), so a

@@ -51,6 +51,54 @@ HWY_INLINE void StorePartial(VF v, size_t n, float* p) {
 }
 
 
+// ---------------------------------------------------------------- E4M3 codes
+// (the FP8 linears, linear_fp8.cc, and the BF16 linears' 8-bit decode copy,
+// linear_bf16.cc Bf16Micro8)
+// 16/8/.. E4M3 codes at p (one per lane) → FP32 value × 2^-120 (exact; E4M3
+// subnormals become FP32 subnormals): sign-extend to 32 bits, shift the 7
+// magnitude bits to bits 20..26, keep them and the sign bit.
+HWY_INLINE VF E4M3Scaled(const uint8_t* p) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<int8_t, DF> d8;
+  const auto b = hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p)));
+  return hn::BitCast(df, hn::And(hn::ShiftLeft<20>(b), hn::Set(di, static_cast<int32_t>(0x87F00000u))));
+}
+
+// The same conversion for 4·kLanes codes at p (rows r … r + 4·kLanes − 1 of
+// one packed column) from one load, without the sign-extending shuffle: f[j]
+// lane l holds row r + 4l + j (byte j of dword l). Per dword: a 16-bit
+// arithmetic shift by 4 puts byte 3 at bits 31..20 and byte 1 at 15..4 with
+// their signs spread over the bits above; a 32-bit shift by 8 first does the
+// same for bytes 2 and 0; a 32-bit shift by 16 lifts the low halves; the mask
+// keeps bit 31 and bits 26..20. Same bits as E4M3Scaled, 5 shifts and 4 ands
+// per 4 vectors instead of 4 shuffles, 4 shifts and 4 ands: the shuffles and
+// shifts share two of Zen's four vector pipes (docs/kernels.md, "whole
+// dwords in the FP8 and BF16 GEMVs").
+HWY_INLINE void E4M3Scaled4(const uint8_t* p, VF f[4]) {
+#if HWY_TARGET == HWY_SCALAR  // one lane: no 16-bit halves (kFp8Dwords is false there)
+  for (int j = 0; j < 4; ++j) f[j] = E4M3Scaled(p + j);
+#else
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const hn::Repartition<int16_t, DF> d16;
+  const auto b = hn::LoadU(di, reinterpret_cast<const int32_t*>(p));
+  const auto mask = hn::Set(di, static_cast<int32_t>(0x87F00000u));
+  const auto r31 = hn::BitCast(di, hn::ShiftRight<4>(hn::BitCast(d16, b)));
+  const auto r20 = hn::BitCast(di, hn::ShiftRight<4>(hn::BitCast(d16, hn::ShiftLeft<8>(b))));
+  f[3] = hn::BitCast(df, hn::And(r31, mask));
+  f[1] = hn::BitCast(df, hn::And(hn::ShiftLeft<16>(r31), mask));
+  f[2] = hn::BitCast(df, hn::And(r20, mask));
+  f[0] = hn::BitCast(df, hn::And(hn::ShiftLeft<16>(r20), mask));
+#endif
+}
+
+// Whether the micro-tiles convert whole dwords of codes (E4M3Scaled4), and
+// up to how many partial sums (V·MT): its four converted vectors are live at
+// once, so larger tiles spill (measured AVX2 M = 3 with 4 × 3: 0.96×).
+constexpr bool kFp8Dwords = kLanes >= 8;
+constexpr int kFp8DwordsMaxSums = kLanes >= 16 ? 16 : 8;
+
 // Micro-tile shape per target: V vectors of kLanes output rows (V·kLanes
 // divides 64) × MT activation rows. Chosen so the MT·V partial sums, one
 // weight vector and the broadcasts fit the register file (32 zmm / 16 ymm).

@@ -146,6 +146,174 @@ HWY_INLINE void Bf16Micro(const QArgs& a, const WT* wt, int64_t R, const float* 
   }
 }
 
+// Rows up to which a call streams the decode copy on this target (RunBf16
+// offers it up to kBf16CodesMaxM). Measured (Zen 5, 2 threads, the `large`
+// preset's wo_a, 4096 × 1024 in 8 groups, 10 copies so it streams from DRAM,
+// against the BF16 weights in the same process): AVX-512 1.9-2.2x at M = 1,
+// 1.6-1.9x at 2, 1.3x at 3, 1.1-1.5x at 4, 0.7-0.8x at 8; AVX2 (8 sums per
+// micro-tile with dwords: M <= 1 takes 8 vectors of rows, M = 2 4) 2.0x at
+// M = 1, 1.2-1.6x at 2, and slower from 3 (no dwords: every weight vector
+// also multiplied by its factor).
+constexpr int64_t kBf16CodesRows = kLanes >= 16 ? 4 : 2;
+
+int64_t Bf16CodesRows() { return kBf16CodesRows; }
+
+// FloatsExpRange (linear_common.h) vectorised: the decode calls check every
+// call's activations (8192 values for wo_a: ~7 us scalar, a tenth of the
+// call).
+ExpRange ActExpRange(const float* x, int64_t M, int64_t K, int64_t ld) {
+  const hn::RebindToUnsigned<DF> du;
+  using VU = hn::Vec<decltype(du)>;
+  VU low = hn::Zero(du), any = hn::Zero(du), e_lo = hn::Set(du, 0xFFu), e_hi = hn::Zero(du);
+  uint32_t low_s = 0, any_s = 0, e_lo_s = 0xFF, e_hi_s = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    const uint32_t* xr = reinterpret_cast<const uint32_t*>(x + m * ld);
+    int64_t k = 0;
+    for (; k + static_cast<int64_t>(kLanes) <= K; k += kLanes) {
+      const VU u = hn::LoadU(du, xr + k);
+      const VU mag = hn::And(u, hn::Set(du, 0x7FFFFFFFu));
+      const VU e = hn::ShiftRight<23>(mag);
+      const auto nz = hn::Ne(mag, hn::Zero(du));
+      low = hn::Or(low, hn::And(u, hn::Set(du, 0xFFFFu)));
+      any = hn::Or(any, mag);
+      e_lo = hn::Min(e_lo, hn::IfThenElse(nz, e, hn::Set(du, 0xFFu)));
+      e_hi = hn::Max(e_hi, hn::IfThenElseZero(nz, e));
+    }
+    for (; k < K; ++k) {
+      const uint32_t u = xr[k], mag = u & 0x7FFFFFFFu, e = mag >> 23;
+      low_s |= u & 0xFFFFu;
+      any_s |= mag;
+      e_lo_s = std::min(e_lo_s, mag != 0 ? e : 0xFFu);
+      e_hi_s = std::max(e_hi_s, mag != 0 ? e : 0u);
+    }
+  }
+  HWY_ALIGN uint32_t lanes[4][kLanes];
+  hn::Store(low, du, lanes[0]);
+  hn::Store(any, du, lanes[1]);
+  hn::Store(e_lo, du, lanes[2]);
+  hn::Store(e_hi, du, lanes[3]);
+  for (size_t l = 0; l < kLanes; ++l) {
+    low_s |= lanes[0][l];
+    any_s |= lanes[1][l];
+    e_lo_s = std::min(e_lo_s, lanes[2][l]);
+    e_hi_s = std::max(e_hi_s, lanes[3][l]);
+  }
+  ExpRange r;  // as ExpRange::Add: biased exponent 0 (a subnormal) counts as -150
+  r.bf16 = low_s == 0;
+  r.finite = e_hi_s != 0xFFu;
+  r.any_nonzero = any_s != 0;
+  if (r.any_nonzero) {
+    r.lo = e_lo_s == 0 ? -150 : static_cast<int>(e_lo_s) - 127;
+    r.hi = e_hi_s == 0 ? -150 : static_cast<int>(e_hi_s) - 127;
+  }
+  return r;
+}
+
+// One k of Bf16Micro8 (an always-inlined function: see Bf16Step). sv[i]:
+// the block factors of the rows in vector i (kDwords: of dword group i).
+template <int V, int MT, bool kDwords>
+HWY_INLINE void Bf16Step8(VF (&acc)[MT][V], const uint8_t* wt, int64_t roff, const float* xr, int64_t ldq,
+                          const VF (&sv)[kDwords ? V / 4 : V], int64_t k) {
+  const DF df;
+  const uint8_t* wk = wt + k * kTileRows + roff;
+  hwy::Prefetch(wk + kPrefetchBytes);
+  // The factor goes onto whichever side takes fewer multiplies: the MT
+  // activations of a dword group (MT < 4) or its 4 weight vectors; onto each
+  // weight vector without dwords.
+  if constexpr (kDwords && MT < 4) {
+    HWY_UNROLL(8)
+    for (int g = 0; g < V / 4; ++g) {
+      VF xs[MT];
+      HWY_UNROLL(8)
+      for (int m = 0; m < MT; ++m) xs[m] = hn::Mul(hn::Set(df, xr[m * ldq + k]), sv[g]);
+      VF w[4];
+      E4M3Scaled4(wk + g * 4 * kLanes, w);
+      HWY_UNROLL(4)
+      for (int j = 0; j < 4; ++j) {
+        HWY_UNROLL(8)
+        for (int m = 0; m < MT; ++m) acc[m][4 * g + j] = hn::MulAdd(xs[m], w[j], acc[m][4 * g + j]);
+      }
+    }
+  } else if constexpr (kDwords) {
+    HWY_UNROLL(8)
+    for (int g = 0; g < V / 4; ++g) {
+      VF w[4];
+      E4M3Scaled4(wk + g * 4 * kLanes, w);
+      HWY_UNROLL(4)
+      for (int j = 0; j < 4; ++j) {
+        const VF ws = hn::Mul(w[j], sv[g]);
+        HWY_UNROLL(8)
+        for (int m = 0; m < MT; ++m) acc[m][4 * g + j] = hn::MulAdd(hn::Set(df, xr[m * ldq + k]), ws, acc[m][4 * g + j]);
+      }
+    }
+  } else {
+    HWY_UNROLL(8)
+    for (int v = 0; v < V; ++v) {
+      const VF ws = hn::Mul(E4M3Scaled(wk + v * kLanes), sv[v]);
+      HWY_UNROLL(8)
+      for (int m = 0; m < MT; ++m) acc[m][v] = hn::MulAdd(hn::Set(df, xr[m * ldq + k]), ws, acc[m][v]);
+    }
+  }
+}
+
+// The micro-tile over the 8-bit decode copy (PackedBf16::w8; wt, st: the
+// tile's codes and block factors): the same sums as Bf16Micro, each product
+// formed as (x·s8)·(E4M3 value·2^-120). RunBf16 takes this path only when
+// every x·s8 is exact and every product x·w is (Bf16FmaExact), so the factor
+// moved onto x changes no value and an FMA gives the multiply-then-add bits.
+// Whole dwords of codes (E4M3Scaled4) where V is a multiple of 4 and the
+// sums fit the registers; the rows then sit permuted (lane l of vector 4g + j
+// is row 4·kLanes·g + 4l + j) until the store.
+template <int V, int MT>
+HWY_INLINE void Bf16Micro8(const QArgs& a, const uint8_t* wt, const float* st, const float* x, int64_t roff,
+                           int64_t m0, int64_t n0) {
+  const DF df;
+  constexpr bool kDwords = kFp8Dwords && V % 4 == 0 && V * MT <= kFp8DwordsMaxSums;
+  constexpr int G = kDwords ? V / 4 : V;
+  VF acc[MT][V];
+  HWY_UNROLL(8)
+  for (int m = 0; m < MT; ++m) {
+    HWY_UNROLL(8)
+    for (int v = 0; v < V; ++v) acc[m][v] = hn::Zero(df);
+  }
+  const float* xr = x + m0 * a.ldq;
+  for (int64_t kb = 0; kb < a.K / 32; ++kb) {
+    // Lane l of vector (group) i: its row's 32-row half of the tile.
+    VF sv[G];
+    HWY_ALIGN float lanes[kLanes];
+    for (int i = 0; i < G; ++i) {
+      for (size_t l = 0; l < kLanes; ++l) {
+        const int64_t r = kDwords ? roff + 4 * static_cast<int64_t>(kLanes) * i + 4 * static_cast<int64_t>(l)
+                                  : roff + static_cast<int64_t>(kLanes) * i + static_cast<int64_t>(l);
+        lanes[l] = st[kb * 2 + r / 32];
+      }
+      sv[i] = hn::Load(df, lanes);
+    }
+    const int64_t k0 = 32 * kb;
+    if (!a.pairs) {
+      for (int64_t k = k0; k < k0 + 32; ++k) Bf16Step8<V, MT, kDwords>(acc, wt, roff, xr, a.ldq, sv, k);
+    } else {
+      for (int64_t k = k0; k < k0 + 32; k += 2) {
+        Bf16Step8<V, MT, kDwords>(acc, wt, roff, xr, a.ldq, sv, k + 1);
+        Bf16Step8<V, MT, kDwords>(acc, wt, roff, xr, a.ldq, sv, k);
+      }
+    }
+  }
+  HWY_ALIGN float out[MT][V * kLanes];
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < V; ++v) hn::Store(acc[m][v], df, out[m] + v * kLanes);
+  if constexpr (kDwords) {
+    HWY_ALIGN float rows[MT][V * kLanes];
+    for (int m = 0; m < MT; ++m)
+      for (int g = 0; g < V / 4; ++g)
+        for (int j = 0; j < 4; ++j)
+          for (size_t l = 0; l < kLanes; ++l) rows[m][g * 4 * kLanes + 4 * l + j] = out[m][(4 * g + j) * kLanes + l];
+    StoreRows<V, MT>(rows[0], a, m0, n0 + roff, a.round);
+  } else {
+    StoreRows<V, MT>(out[0], a, m0, n0 + roff, a.round);
+  }
+}
+
 void RunBf16Items(const QArgs& a, int64_t item0, int64_t item1) {
   if constexpr (kUseBlockGemm) {
     if (Bf16BlockPath(a)) {
@@ -181,7 +349,10 @@ void RunBf16Items(const QArgs& a, int64_t item0, int64_t item1) {
     constexpr int kV = decltype(vt)::value, kMT = decltype(mt)::value;
     const float* x = aa.q;
     if (aa.group_rows > 0) x += ((tile * kTileRows) / aa.group_rows) * aa.group_in;
-    if (aa.wf != nullptr) {
+    if (aa.w8 != nullptr) {
+      Bf16Micro8<kV, kMT>(aa, aa.w8 + tile * aa.K * kTileRows, aa.s8 + tile * (aa.K / 32) * 2, x, roff, m0,
+                          tile * kTileRows);
+    } else if (aa.wf != nullptr) {
       // A narrow pack (wf_rows < kTileRows) has one tile: tile == 0 here.
       Bf16Micro<float, false, kV, kMT>(aa, aa.wf + tile * aa.K * aa.wf_rows, aa.wf_rows, x, roff, m0,
                                        tile * kTileRows);
@@ -225,6 +396,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace deepinfer::cpu {
 HWY_EXPORT(RunBf16Call);
+HWY_EXPORT(Bf16CodesRows);
+HWY_EXPORT(ActExpRange);
 
 namespace {
 // One output of a BF16 linear in the pair order (k+1 added before k inside
@@ -270,6 +443,23 @@ void RunBf16(const float* x, int64_t M, const PackedBf16& w, float* y, bool pair
   a.round = round;
   a.group_rows = group_rows;
   a.group_in = group_in;
+  if (w.w8 && M <= HWY_DYNAMIC_DISPATCH(Bf16CodesRows)()) {
+    // The 8-bit decode copy when every x·s8 (no overflow or underflow: x
+    // and s8 exponents summed stay in the normal range) and every product
+    // x·w is exact: then the same bits as the BF16 weights.
+    const ExpRange xr = HWY_DYNAMIC_DISPATCH(ActExpRange)(x, M, ldq, ldq);
+    ExpRange wr;
+    wr.lo = w.exp_lo;
+    wr.hi = w.exp_hi;
+    wr.finite = w.finite;
+    wr.any_nonzero = w.any_nonzero;
+    const bool scaled_exact =
+        !xr.any_nonzero || (xr.lo + w.s8_exp_lo >= -126 && xr.hi + w.s8_exp_hi <= 126);
+    if (scaled_exact && Bf16FmaExact(xr, wr)) {
+      a.w8 = w.w8.get();
+      a.s8 = w.s8.get();
+    }
+  }
   if (M >= kBlockGemmMinM) {
     ExpRange wr;
     wr.lo = w.exp_lo;

@@ -69,6 +69,10 @@ struct QArgs {
   int64_t group_rows = 0;         // grouped wo_a: outputs per group (R), 0 = plain
   int64_t group_in = 0;           // grouped wo_a: input columns per group (Kg)
   bool fma = false;               // BF16: every product exact (Bf16FmaExact)
+  // BF16 linears, small M: the weight's 8-bit decode copy (PackedBf16::w8,
+  // s8), used when set (RunBf16 checks that every x·s8 and product is exact).
+  const uint8_t* w8 = nullptr;
+  const float* s8 = nullptr;
   // FP8/FP4 block GEMM (AVX2): binary exponent range of the weight scales
   // (PackedFp8/PackedFp4::scale_exp_lo/hi), and whether this call's operands
   // are prescaled (BlockPrescaleExact below; set by RunLinearCall).
@@ -113,16 +117,32 @@ inline ExpRange Bf16CodesExpRange(const uint16_t* w, int64_t n) {
   for (int64_t i = 0; i < n; ++i) r.Add(static_cast<uint32_t>(w[i]) << 16);
   return r;
 }
-// Rows x[m·ld + k], m < M, k < K.
+// Rows x[m·ld + k], m < M, k < K. Branch-free per element (linear_bf16.cc
+// has a vectorised one for the decode calls).
 inline ExpRange FloatsExpRange(const float* x, int64_t M, int64_t K, int64_t ld) {
-  ExpRange r;
+  uint32_t low_bits = 0, e_lo = 0xFF, e_hi = 0, any = 0, inf_nan = 0;
   for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * ld;
     for (int64_t k = 0; k < K; ++k) {
       uint32_t u;
-      std::memcpy(&u, x + m * ld + k, 4);
-      r.bf16 = r.bf16 && (u & 0xFFFFu) == 0;
-      r.Add(u);
+      std::memcpy(&u, xr + k, 4);
+      const uint32_t mag = u & 0x7FFFFFFFu, e = mag >> 23;
+      const uint32_t nz = mag != 0 ? 1u : 0u;
+      low_bits |= u & 0xFFFFu;
+      inf_nan |= e == 0xFFu ? 1u : 0u;
+      any |= nz;
+      e_lo = std::min(e_lo, nz ? e : 0xFFu);
+      e_hi = std::max(e_hi, nz ? e : 0u);
     }
+  }
+  // As ExpRange::Add: biased exponent 0 (a subnormal) counts as -150.
+  ExpRange r;
+  r.bf16 = low_bits == 0;
+  r.finite = inf_nan == 0;
+  r.any_nonzero = any != 0;
+  if (r.any_nonzero) {
+    r.lo = e_lo == 0 ? -150 : static_cast<int>(e_lo) - 127;
+    r.hi = e_hi == 0 ? -150 : static_cast<int>(e_hi) - 127;
   }
   return r;
 }

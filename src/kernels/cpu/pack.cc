@@ -3,6 +3,7 @@
 // converted except the FP8 block scales (E8M0 → FP32 with E8M0ToFloat, the
 // reference's own conversion).
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -35,7 +36,14 @@ size_t PackedFp8::bytes() const {
 size_t PackedFp4::bytes() const {
   return static_cast<size_t>(tiles * kTileRows * (src.in / 2)) + static_cast<size_t>(tiles * kTileRows * (src.in / 32));
 }
-size_t PackedBf16::bytes() const { return static_cast<size_t>(tiles * kTileRows * src.in * 2); }
+size_t PackedBf16::bytes() const {
+  const size_t codes = w8 ? static_cast<size_t>(tiles * kTileRows * src.in) + static_cast<size_t>(tiles * (src.in / 32) * 2 * 4) : 0;
+  return static_cast<size_t>(tiles * kTileRows * src.in * 2) + codes;
+}
+size_t PackedBf16::decode_bytes() const {
+  if (!w8) return static_cast<size_t>(tiles * kTileRows * src.in * 2);
+  return static_cast<size_t>(tiles * kTileRows * src.in) + static_cast<size_t>(tiles * (src.in / 32) * 2 * 4);
+}
 size_t PackedF32::bytes() const { return static_cast<size_t>(tiles * rows * in * 4); }
 
 namespace {
@@ -61,6 +69,98 @@ void Interleave(const T* src, int64_t N, int64_t K, int64_t tiles, T* dst, int64
       }
     }
   }
+}
+
+// The E4M3FN code of the BF16 value h · 2^-t, or -1 where that is not an
+// E4M3FN value (too many significant bits, out of range, NaN/Inf, or h an
+// FP32 subnormal). Exact bit arithmetic: no rounding anywhere.
+int Bf16ToE4M3Exact(uint16_t h, int t) {
+  const int sign = (h >> 15) & 1, ef = (h >> 7) & 0xFF, m7 = h & 0x7F;
+  if (ef == 0) return m7 == 0 ? (sign << 7) : -1;  // ±0; an FP32 subnormal is refused
+  if (ef == 0xFF) return -1;
+  const int e = ef - 127 - t;  // binary exponent of the scaled value
+  if (e >= -6) {
+    if ((m7 & 0x0F) != 0 || e > 8 || (e == 8 && (m7 >> 4) == 7)) return -1;  // 0x7F / 0xFF are NaN
+    return (sign << 7) | ((e + 7) << 3) | (m7 >> 4);
+  }
+  if (e < -9) return -1;
+  // Subnormal: (128 + m7)·2^(e-7) in units of 2^-9 must be an integer < 8.
+  const int shift = -2 - e;  // 5, 6, 7 for e = -7, -8, -9
+  const int sig = 128 + m7;
+  if ((sig & ((1 << shift) - 1)) != 0) return -1;
+  return (sign << 7) | (sig >> shift);
+}
+
+// PackedBf16::w8 / s8 (see cpu_ops.h): per 32 rows (half a tile) and 32
+// columns a power of two 2^t, t = emax - 8 or, failing that, emax - 7
+// (emax: the block's largest binary exponent), such that every weight is an
+// E4M3FN value times 2^t; each is then checked against the kernel's own
+// reconstruction (the E4M3Scaled bit pattern times 2^(t+120), an FP32
+// multiply). False (and nothing kept) as soon as one weight fails.
+bool BuildBf16Codes(const ref::Bf16Weight& w, int64_t tiles, PackedBf16& p) {
+  const int64_t N = w.out, K = w.in, kc = K / 32;
+  if (K % 32 != 0 || N <= 0) return false;
+  AlignedArray<uint8_t> codes = AllocateAligned<uint8_t>(static_cast<size_t>(tiles * K * kTileRows));
+  AlignedArray<float> scales = AllocateAligned<float>(static_cast<size_t>(tiles * kc * 2));
+  bool ok = true;
+  int lo = 1000, hi = -1000;
+#pragma omp parallel for schedule(dynamic, 1) reduction(min : lo) reduction(max : hi)
+  for (int64_t t = 0; t < tiles; ++t) {
+    for (int64_t b = 0; b < kc * 2; ++b) {
+      bool mine;
+#pragma omp atomic read
+      mine = ok;
+      if (!mine) break;
+      const int64_t c = b / 2, r0 = (b % 2) * 32;  // columns 32c.., rows 64t + r0 ..
+      int emax = -1000;
+      for (int64_t r = r0; r < r0 + 32 && t * kTileRows + r < N; ++r)
+        for (int64_t k = 32 * c; k < 32 * c + 32; ++k) {
+          const uint16_t h = w.w[(t * kTileRows + r) * K + k];
+          if ((h & 0x7FFF) != 0) emax = std::max(emax, ((h >> 7) & 0xFF) - 127);
+        }
+      if (emax == -1000) emax = 8;  // all zero (or padding): t = 0
+      bool block_ok = false;
+      for (int tt = emax - 8; tt <= emax - 7 && !block_ok; ++tt) {
+        if (tt + 120 < -126 || tt + 120 > 127) continue;
+        const float sc = std::ldexp(1.0f, tt + 120);
+        block_ok = true;
+        for (int64_t r = r0; r < r0 + 32 && block_ok; ++r) {
+          const int64_t n = t * kTileRows + r;
+          for (int64_t k = 32 * c; k < 32 * c + 32; ++k) {
+            int code = 0;
+            if (n < N) {
+              const uint16_t h = w.w[n * K + k];
+              code = Bf16ToE4M3Exact(h, tt);
+              // The kernel's value: sign-extended code << 20, masked, as FP32, times sc.
+              const uint32_t bits =
+                  static_cast<uint32_t>(static_cast<int32_t>(static_cast<int8_t>(code)) << 20) & 0x87F00000u;
+              if (code < 0 || FloatBits(BitsFloat(bits) * sc) != FloatBits(Bf16ToFloat(h))) {
+                block_ok = false;
+                break;
+              }
+            }
+            codes[(t * K + k) * kTileRows + r] = static_cast<uint8_t>(code);
+          }
+        }
+        if (block_ok) {
+          scales[(t * kc + c) * 2 + b % 2] = sc;
+          lo = std::min(lo, tt + 120);
+          hi = std::max(hi, tt + 120);
+        }
+      }
+      if (!block_ok) {
+#pragma omp atomic write
+        ok = false;
+        break;
+      }
+    }
+  }
+  if (!ok) return false;
+  p.w8 = std::move(codes);
+  p.s8 = std::move(scales);
+  p.s8_exp_lo = lo;
+  p.s8_exp_hi = hi;
+  return true;
 }
 
 }  // namespace
@@ -151,6 +251,7 @@ PackedBf16 PackBf16(const ref::Bf16Weight& w) {
   p.exp_hi = r.hi;
   p.finite = r.finite;
   p.any_nonzero = r.any_nonzero;
+  BuildBf16Codes(w, p.tiles, p);
   return p;
 }
 

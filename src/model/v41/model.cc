@@ -87,7 +87,10 @@ std::unique_ptr<V41Model> V41Model::Load(const std::filesystem::path& model_dir,
                  "rounded half to even; {} UE8M0 scales + 1)",
                  r.tensors, r.values, r.inexact, r.scales);
   }
-  if (!options.reference_kernels) m->weight_bytes_.packed = static_cast<int64_t>(m->w_->PackForCpu());
+  if (!options.reference_kernels) {
+    m->weight_bytes_.packed = static_cast<int64_t>(m->w_->PackForCpu());
+    m->weight_bytes_.wo_a_decode = m->w_->wo_a_decode_bytes;
+  }
   m->weight_bytes_.routed_experts = m->w_->bytes.routed_experts;
   m->weight_bytes_.engram_rows = m->w_->bytes.engram_rows;
   m->weight_bytes_.replicated = m->w_->bytes.other;

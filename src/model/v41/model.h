@@ -210,6 +210,7 @@ class V41Model {
     int64_t engram_rows = 0;     // Engram table bytes this rank owns
     int64_t replicated = 0;      // every other checkpoint byte (each rank has them)
     int64_t packed = 0;          // bytes allocated by the load-time repacking
+    int64_t wo_a_decode = 0;     // bytes a batch-1 decode step streams for wo_a (all layers; 0: no repacking)
   };
   const WeightBytes& weight_bytes() const { return weight_bytes_; }
 

@@ -255,6 +255,7 @@ namespace {
 // The fast kernels' layouts (PackForCpu); each returns the bytes allocated.
 struct Packer {
   size_t bytes = 0;
+  size_t wo_a_decode = 0;  // the layers' wo_a: PackedBf16::decode_bytes
   void Fp8(Fp8Linear& l) {
     l.packed = std::make_unique<cpu::PackedFp8>(cpu::PackFp8(l.w));
     bytes += l.packed->bytes();
@@ -282,6 +283,7 @@ struct Packer {
     Fp8(A.wkv);
     Fp8(A.wo_b);
     Bf16(A.wo_a);
+    if (A.wo_a.packed) wo_a_decode += A.wo_a.packed->decode_bytes();
     if (A.has_compressor) {
       Bf16(A.compressor_wkv);
       Bf16(A.compressor_wgate);
@@ -312,6 +314,7 @@ size_t ModelWeights::PackForCpu() {
   Packer pk;
   pk.Bf16(head);
   for (LayerWeights& L : layers) pk.Layer(L);
+  wo_a_decode_bytes = static_cast<int64_t>(pk.wo_a_decode);
   packed_for_cpu = true;
   return pk.bytes;
 }

@@ -161,6 +161,9 @@ struct ModelWeights {
   // bytes allocated.
   size_t PackForCpu();
   bool packed_for_cpu = false;  // the forward pass uses the cpu:: kernels
+  // After PackForCpu: the bytes a batch-1 decode step streams for every
+  // layer's wo_a (its 8-bit decode copy, cpu::PackedBf16::w8, where made).
+  int64_t wo_a_decode_bytes = 0;
 
   // Bytes of the weights this rank uses: the quantised checkpoint bytes of
   // the bound tensors (routed experts separately) and the Engram rows it owns.
