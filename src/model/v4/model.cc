@@ -255,6 +255,12 @@ BlockW BindBlock(Binder& b, const std::string& pre, int l, const ModelConfig& c)
 
 V4Model::~V4Model() = default;
 
+int64_t V4Model::wo_a_decode_bytes() const {
+  int64_t n = 0;
+  for (int l = 0; l < cfg_.n_layers; ++l) n += static_cast<int64_t>(w_->blocks[static_cast<size_t>(l)].attn.wo_a.packed.decode_bytes());
+  return n;
+}
+
 std::unique_ptr<V4Model> V4Model::Load(const std::filesystem::path& model_dir, const V4Options& options) {
   std::unique_ptr<V4Model> m(new V4Model());
   m->cfg_ = ModelConfig::Load(model_dir);

@@ -99,6 +99,9 @@ class V4Model {
   ~V4Model();
 
   const ModelConfig& config() const { return cfg_; }
+  // The bytes a batch-1 decode step streams for the main layers' wo_a (its
+  // 8-bit decode copy, cpu::PackedBf16::w8, where the packing made one).
+  int64_t wo_a_decode_bytes() const;
 
   // State geometry for paged blocks of `block_size` tokens (model/state.h
   // StateGeometry::FromConfig, V4 branch). Error(kInvalidArgument) when the
