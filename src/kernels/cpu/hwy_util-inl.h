@@ -194,6 +194,21 @@ HWY_INLINE void StoreRows(const float* acc, const QArgs& a, int64_t m0, int64_t 
   }
 }
 
+// StoreRows for sums whose rows sit permuted by whole-dword weight loads of
+// D values per lane (D = 4: E4M3Scaled4, D = 2: LoadW2): acc[m][(D·g + j)·kLanes
+// + l] is row D·kLanes·g + D·l + j of the micro column; put back in row order.
+template <int D, int V, int MT>
+HWY_INLINE void StoreRowsPermuted(const float* acc, const QArgs& a, int64_t m0, int64_t n0, bool round) {
+  static_assert(V % D == 0, "whole dword groups");
+  HWY_ALIGN float rows[MT][V * kLanes];
+  for (int m = 0; m < MT; ++m)
+    for (int g = 0; g < V / D; ++g)
+      for (int j = 0; j < D; ++j)
+        for (size_t l = 0; l < kLanes; ++l)
+          rows[m][g * D * kLanes + D * l + j] = acc[(m * V + D * g + j) * kLanes + l];
+  StoreRows<V, MT>(rows[0], a, m0, n0, round);
+}
+
 // ---------------------------------------------------------------- block GEMM
 // Block GEMM micro-tile shape: the MT·V partial sums, V weight vectors and
 // one broadcast fit the register file (AVX-512: 24 + 4 + 1 of 32 zmm; AVX2:

@@ -134,13 +134,7 @@ HWY_INLINE void Bf16Micro(const QArgs& a, const WT* wt, int64_t R, const float* 
   for (int m = 0; m < MT; ++m)
     for (int v = 0; v < V; ++v) hn::Store(acc[m][v], df, out[m] + v * kLanes);
   if constexpr (Bf16UseDwords<WT, V, MT>()) {
-    // Back to row order: out[m][(2g + j)·kLanes + l] is row 2·kLanes·g + 2l + j.
-    HWY_ALIGN float rows[MT][V * kLanes];
-    for (int m = 0; m < MT; ++m)
-      for (int g = 0; g < V / 2; ++g)
-        for (int j = 0; j < 2; ++j)
-          for (size_t l = 0; l < kLanes; ++l) rows[m][g * 2 * kLanes + 2 * l + j] = out[m][(2 * g + j) * kLanes + l];
-    StoreRows<V, MT>(rows[0], a, m0, n0 + roff, a.round);
+    StoreRowsPermuted<2, V, MT>(out[0], a, m0, n0 + roff, a.round);
   } else {
     StoreRows<V, MT>(out[0], a, m0, n0 + roff, a.round);
   }
@@ -303,12 +297,7 @@ HWY_INLINE void Bf16Micro8(const QArgs& a, const uint8_t* wt, const float* st, c
   for (int m = 0; m < MT; ++m)
     for (int v = 0; v < V; ++v) hn::Store(acc[m][v], df, out[m] + v * kLanes);
   if constexpr (kDwords) {
-    HWY_ALIGN float rows[MT][V * kLanes];
-    for (int m = 0; m < MT; ++m)
-      for (int g = 0; g < V / 4; ++g)
-        for (int j = 0; j < 4; ++j)
-          for (size_t l = 0; l < kLanes; ++l) rows[m][g * 4 * kLanes + 4 * l + j] = out[m][(4 * g + j) * kLanes + l];
-    StoreRows<V, MT>(rows[0], a, m0, n0 + roff, a.round);
+    StoreRowsPermuted<4, V, MT>(out[0], a, m0, n0 + roff, a.round);
   } else {
     StoreRows<V, MT>(out[0], a, m0, n0 + roff, a.round);
   }

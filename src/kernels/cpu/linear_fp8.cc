@@ -105,14 +105,7 @@ HWY_INLINE void Fp8Micro(const QArgs& a, const uint8_t* wt, const float* ws_t, i
     }
   }
   if constexpr (kDwords) {
-    // Back to row order: acc[m][(4g + j)·kLanes + l] is row 4·kLanes·g + 4l + j.
-    HWY_ALIGN float rows[MT][V * kLanes];
-    for (int m = 0; m < MT; ++m)
-      for (int g = 0; g < V / 4; ++g)
-        for (int j = 0; j < 4; ++j)
-          for (size_t l = 0; l < kLanes; ++l)
-            rows[m][g * 4 * kLanes + 4 * l + j] = acc[m][(4 * g + j) * kLanes + l];
-    StoreRows<V, MT>(rows[0], a, m0, n0 + roff, /*round=*/true);
+    StoreRowsPermuted<4, V, MT>(acc[0], a, m0, n0 + roff, /*round=*/true);
   } else {
     StoreRows<V, MT>(acc[0], a, m0, n0 + roff, /*round=*/true);
   }
