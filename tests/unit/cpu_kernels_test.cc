@@ -604,6 +604,27 @@ TEST(CpuKernels, Bf16DecodeCopyOnlyWhereExact) {
   // A block factor past 2^127 (weights from 448 · 2^8: E4M3 × 2^-120 · 2^128).
   w = DequantisedFp8(N, K, 32, 1403, 135, 135);
   EXPECT_TRUE(PackBf16({w.data(), N, K}).w8 == nullptr);
+  // A block of zeros (and the padding rows of a partial last tile) gets the
+  // factor 1 and stays out of the range the calls check: the copy still
+  // serves activations up to 2^20 here (scales 2^-27..2^-17: factors <= 2^111).
+  {
+    const int64_t Nz = N - 40;  // rows 88..127 of the last tile: padding
+    std::vector<uint16_t> wz = DequantisedFp8(Nz, K, 32, 1404, 100, 110);
+    for (int64_t n = 32; n < 64; ++n)
+      for (int64_t k = 0; k < 32; ++k) wz[n * K + k] = (n + k) % 2 ? 0x8000 : 0;
+    const ref::Bf16Weight vz{wz.data(), Nz, K};
+    const PackedBf16 pz = PackBf16(vz);
+    ASSERT_TRUE(pz.w8 != nullptr);
+    EXPECT_LE(pz.s8_exp_hi, 111);
+    EXPECT_EQ(PackBf16({wz.data(), Nz, 0}).w8, nullptr);  // K = 0: no copy
+    ForEachTarget([&] {
+      const std::vector<float> x = RandomActs(K, 1405, -4.0f, 20.0f);
+      std::vector<float> want(Nz), got(Nz, -1.0f);
+      ref::LinearBf16(x.data(), 1, vz, want.data());
+      LinearBf16(x.data(), 1, pz, got.data());
+      EXPECT_TRUE(SameBits(got, want)) << "zero block";
+    });
+  }
   // Dequantised FP8 with activations whose products underflow or come near
   // overflow, or that are not BF16 values, or not finite: the copy exists,
   // the calls do not use it, and the bits are the reference's.

@@ -116,7 +116,8 @@ struct PackedBf16 {
   // so that the weight is exactly (E4M3 value · 2^-120) · s8 (linear_bf16.cc
   // Bf16Micro8). The small-M calls (M <= kBf16CodesMaxM) stream it instead of
   // w when every product of the call is exact: the same bits from half the
-  // bytes. s8_exp_lo/hi: the binary exponent range of s8.
+  // bytes. s8_exp_lo/hi: the binary exponent range of s8 (blocks of zeros,
+  // whose factor is 1, left out).
   AlignedArray<uint8_t> w8;
   AlignedArray<float> s8;
   int s8_exp_lo = 1000, s8_exp_hi = -1000;

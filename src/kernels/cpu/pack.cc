@@ -94,12 +94,12 @@ int Bf16ToE4M3Exact(uint16_t h, int t) {
 // PackedBf16::w8 / s8 (see cpu_ops.h): per 32 rows (half a tile) and 32
 // columns a power of two 2^t, t = emax - 8 or, failing that, emax - 7
 // (emax: the block's largest binary exponent), such that every weight is an
-// E4M3FN value times 2^t; each is then checked against the kernel's own
+// E4M3FN value times 2^t (a block of zeros: factor 1, outside s8_exp_lo/hi); each is then checked against the kernel's own
 // reconstruction (the E4M3Scaled bit pattern times 2^(t+120), an FP32
 // multiply). False (and nothing kept) as soon as one weight fails.
 bool BuildBf16Codes(const ref::Bf16Weight& w, int64_t tiles, PackedBf16& p) {
   const int64_t N = w.out, K = w.in, kc = K / 32;
-  if (K % 32 != 0 || N <= 0) return false;
+  if (K <= 0 || K % 32 != 0 || N <= 0) return false;
   AlignedArray<uint8_t> codes = AllocateAligned<uint8_t>(static_cast<size_t>(tiles * K * kTileRows));
   AlignedArray<float> scales = AllocateAligned<float>(static_cast<size_t>(tiles * kc * 2));
   bool ok = true;
@@ -118,7 +118,17 @@ bool BuildBf16Codes(const ref::Bf16Weight& w, int64_t tiles, PackedBf16& p) {
           const uint16_t h = w.w[(t * kTileRows + r) * K + k];
           if ((h & 0x7FFF) != 0) emax = std::max(emax, ((h >> 7) & 0xFF) - 127);
         }
-      if (emax == -1000) emax = 8;  // all zero (or padding): t = 0
+      if (emax == -1000) {
+        // All zero (or padding rows): factor 1, which multiplies any finite x
+        // exactly, so it stays out of the range the calls check (s8_exp_lo/hi).
+        for (int64_t r = r0; r < r0 + 32; ++r) {
+          const int64_t n = t * kTileRows + r;
+          for (int64_t k = 32 * c; k < 32 * c + 32; ++k)
+            codes[(t * K + k) * kTileRows + r] = n < N ? static_cast<uint8_t>(w.w[n * K + k] >> 8) : 0;  // ±0
+        }
+        scales[(t * kc + c) * 2 + b % 2] = 1.0f;
+        continue;
+      }
       bool block_ok = false;
       for (int tt = emax - 8; tt <= emax - 7 && !block_ok; ++tt) {
         if (tt + 120 < -126 || tt + 120 > 127) continue;
