@@ -125,7 +125,8 @@ struct PackedBf16 {
   size_t decode_bytes() const;  // bytes a small-M call streams: w8 and s8 when present, else w
 };
 // Calls with at most this many rows may read PackedBf16::w8 where it exists
-// (AVX-512: up to 4 rows, AVX2: 2; linear_bf16.cc kBf16CodesRows).
+// (AVX-512 and AVX2: up to 4 rows, the portable targets 2; linear_bf16.cc
+// kBf16CodesRows).
 inline constexpr int64_t kBf16CodesMaxM = 4;
 
 // FP32 weight [out, in] repacked like PackedBf16 (the mHC `hc_*_fn`), with

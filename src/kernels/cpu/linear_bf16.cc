@@ -145,10 +145,11 @@ HWY_INLINE void Bf16Micro(const QArgs& a, const WT* wt, int64_t R, const float* 
 // preset's wo_a, 4096 × 1024 in 8 groups, 10 copies so it streams from DRAM,
 // against the BF16 weights in the same process): AVX-512 1.9-2.2x at M = 1,
 // 1.6-1.9x at 2, 1.3x at 3, 1.1-1.5x at 4, 0.7-0.8x at 8; AVX2 (8 sums per
-// micro-tile with dwords: M <= 1 takes 8 vectors of rows, M = 2 4) 2.0x at
-// M = 1, 1.2-1.6x at 2, and slower from 3 (no dwords: every weight vector
-// also multiplied by its factor).
-constexpr int64_t kBf16CodesRows = kLanes >= 16 ? 4 : 2;
+// micro-tile with dwords: 8 vectors × 1 row at M = 1, 4 × 2 from 2, see
+// RunBf16Items) 1.4-2.0x at M = 1, 1.6x at 2, 1.1x at 3, 1.5x at 4 (with the
+// BF16 path's 4 × 3 tile, no dwords, the copy was slower from 3).
+// (The scalar and EMU128 targets: the plain form, up to 2 rows.)
+constexpr int64_t kBf16CodesRows = kLanes >= 8 ? 4 : 2;
 
 int64_t Bf16CodesRows() { return kBf16CodesRows; }
 
@@ -359,6 +360,11 @@ void RunBf16Items(const QArgs& a, int64_t item0, int64_t item1) {
     // alternate cache lines in two passes.
     if (a.M == 1 && a.wf == nullptr) {
       RunItems<8, 1>(a, item0, item1, micro);
+      return;
+    }
+    // The decode copy at 2-4 rows: 4 vectors × 2 rows, the dword form.
+    if (a.w8 != nullptr) {
+      RunItems<4, 2>(a, item0, item1, micro);
       return;
     }
   }
