@@ -307,8 +307,8 @@ void RunE2e(const E2eArgs& a) {
   }
   {
     std::unique_ptr<TensorStore> store = TensorStore::Open(dir);
-    out["active_weights"] =
-        ActiveBytes(*store, cfg, model ? model->weight_bytes().wo_a_decode : (model4 ? model4->wo_a_decode_bytes() : 0));
+    const int64_t wo_a_decode = model ? model->weight_bytes().wo_a_decode : (model4 ? model4->wo_a_decode_bytes() : 0);
+    out["active_weights"] = ActiveBytes(*store, cfg, wo_a_decode);
     out["checkpoint_bytes"] = store->total_bytes();
   }
   const double active = out["active_weights"]["bytes_per_token"].get<double>();

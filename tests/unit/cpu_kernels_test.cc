@@ -661,7 +661,8 @@ TEST(CpuKernels, FloatsExpRangeMatchesItsDefinition) {
     std::vector<float> x(M * ld);
     for (auto& v : x) {
       const uint64_t r = rng();
-      v = r % 7 == 0 ? specials[(r >> 8) % 10] : RoundBf16(std::ldexp(1.0f + (r >> 40) % 128 / 128.0f, static_cast<int>((r >> 16) % 60) - 30));
+      v = r % 7 == 0 ? specials[(r >> 8) % 10]
+                     : RoundBf16(std::ldexp(1.0f + (r >> 40) % 128 / 128.0f, static_cast<int>((r >> 16) % 60) - 30));
     }
     if (c % 5 == 0) std::fill(x.begin(), x.end(), c % 2 ? -0.0f : 0.0f);
     ExpRange want;

@@ -140,9 +140,11 @@ struct PackedF32 {
   size_t bytes() const;
 };
 
-// Load-time repacking (single pass over the weight; parallel over tiles).
-// The source views must outlive the packed weight only for the scalar
-// fallback (use_ref); the packed arrays are self-contained otherwise.
+// Load-time repacking (single pass over the weight; parallel over tiles;
+// PackBf16 also makes the 8-bit decode copy where the weights allow, a second
+// pass that stops at the first weight it cannot hold). The source views must
+// outlive the packed weight only for the scalar fallback (use_ref); the
+// packed arrays are self-contained otherwise.
 PackedFp8 PackFp8(const ref::Fp8Weight& w);
 PackedFp4 PackFp4(const ref::Fp4Weight& w);
 PackedBf16 PackBf16(const ref::Bf16Weight& w);

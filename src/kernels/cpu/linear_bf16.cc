@@ -238,7 +238,8 @@ HWY_INLINE void Bf16Step8(VF (&acc)[MT][V], const uint8_t* wt, int64_t roff, con
       for (int j = 0; j < 4; ++j) {
         const VF ws = hn::Mul(w[j], sv[g]);
         HWY_UNROLL(8)
-        for (int m = 0; m < MT; ++m) acc[m][4 * g + j] = hn::MulAdd(hn::Set(df, xr[m * ldq + k]), ws, acc[m][4 * g + j]);
+        for (int m = 0; m < MT; ++m)
+          acc[m][4 * g + j] = hn::MulAdd(hn::Set(df, xr[m * ldq + k]), ws, acc[m][4 * g + j]);
       }
     }
   } else {

@@ -1,7 +1,9 @@
 // Load-time repacking of FP8 / FP4 / BF16 weights into the 64-row interleaved
 // layouts the kernels stream (cpu_ops.h). A pure data transform: no value is
 // converted except the FP8 block scales (E8M0 → FP32 with E8M0ToFloat, the
-// reference's own conversion).
+// reference's own conversion) and, for a BF16 weight that is dequantised FP8,
+// its exact E4M3 codes and power-of-two factors (PackedBf16::w8, checked
+// weight by weight).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -37,8 +39,8 @@ size_t PackedFp4::bytes() const {
   return static_cast<size_t>(tiles * kTileRows * (src.in / 2)) + static_cast<size_t>(tiles * kTileRows * (src.in / 32));
 }
 size_t PackedBf16::bytes() const {
-  const size_t codes = w8 ? static_cast<size_t>(tiles * kTileRows * src.in) + static_cast<size_t>(tiles * (src.in / 32) * 2 * 4) : 0;
-  return static_cast<size_t>(tiles * kTileRows * src.in * 2) + codes;
+  const size_t bf16 = static_cast<size_t>(tiles * kTileRows * src.in * 2);
+  return w8 ? bf16 + decode_bytes() : bf16;
 }
 size_t PackedBf16::decode_bytes() const {
   if (!w8) return static_cast<size_t>(tiles * kTileRows * src.in * 2);
@@ -94,9 +96,10 @@ int Bf16ToE4M3Exact(uint16_t h, int t) {
 // PackedBf16::w8 / s8 (see cpu_ops.h): per 32 rows (half a tile) and 32
 // columns a power of two 2^t, t = emax - 8 or, failing that, emax - 7
 // (emax: the block's largest binary exponent), such that every weight is an
-// E4M3FN value times 2^t (a block of zeros: factor 1, outside s8_exp_lo/hi); each is then checked against the kernel's own
-// reconstruction (the E4M3Scaled bit pattern times 2^(t+120), an FP32
-// multiply). False (and nothing kept) as soon as one weight fails.
+// E4M3FN value times 2^t (a block of zeros: factor 1, outside s8_exp_lo/hi);
+// each is then checked against the kernel's own reconstruction (the
+// E4M3Scaled bit pattern times 2^(t+120), an FP32 multiply). False (and
+// nothing kept) as soon as one weight fails.
 bool BuildBf16Codes(const ref::Bf16Weight& w, int64_t tiles, PackedBf16& p) {
   const int64_t N = w.out, K = w.in, kc = K / 32;
   if (K <= 0 || K % 32 != 0 || N <= 0) return false;

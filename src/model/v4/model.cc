@@ -257,7 +257,8 @@ V4Model::~V4Model() = default;
 
 int64_t V4Model::wo_a_decode_bytes() const {
   int64_t n = 0;
-  for (int l = 0; l < cfg_.n_layers; ++l) n += static_cast<int64_t>(w_->blocks[static_cast<size_t>(l)].attn.wo_a.packed.decode_bytes());
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    n += static_cast<int64_t>(w_->blocks[static_cast<size_t>(l)].attn.wo_a.packed.decode_bytes());
   return n;
 }
 
