@@ -439,16 +439,16 @@ void RunBf16(const float* x, int64_t M, const PackedBf16& w, float* y, bool pair
   a.round = round;
   a.group_rows = group_rows;
   a.group_in = group_in;
+  ExpRange wr;  // the weights' range, measured at pack time
+  wr.lo = w.exp_lo;
+  wr.hi = w.exp_hi;
+  wr.finite = w.finite;
+  wr.any_nonzero = w.any_nonzero;
   if (w.w8 && M <= HWY_DYNAMIC_DISPATCH(Bf16CodesRows)()) {
     // The 8-bit decode copy when every x·s8 (no overflow or underflow: x
     // and s8 exponents summed stay in the normal range) and every product
     // x·w is exact: then the same bits as the BF16 weights.
     const ExpRange xr = HWY_DYNAMIC_DISPATCH(ActExpRange)(x, M, ldq, ldq);
-    ExpRange wr;
-    wr.lo = w.exp_lo;
-    wr.hi = w.exp_hi;
-    wr.finite = w.finite;
-    wr.any_nonzero = w.any_nonzero;
     const bool scaled_exact =
         !xr.any_nonzero || (xr.lo + w.s8_exp_lo >= -126 && xr.hi + w.s8_exp_hi <= 126);
     if (scaled_exact && Bf16FmaExact(xr, wr)) {
@@ -457,11 +457,6 @@ void RunBf16(const float* x, int64_t M, const PackedBf16& w, float* y, bool pair
     }
   }
   if (M >= kBlockGemmMinM) {
-    ExpRange wr;
-    wr.lo = w.exp_lo;
-    wr.hi = w.exp_hi;
-    wr.finite = w.finite;
-    wr.any_nonzero = w.any_nonzero;
     a.fma = Bf16FmaExact(FloatsExpRange(x, M, ldq, ldq), wr);
   }
   HWY_DYNAMIC_DISPATCH(RunBf16Call)(a);
