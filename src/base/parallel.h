@@ -5,6 +5,9 @@
 // depend on the thread count.
 #pragma once
 
+#include <omp.h>
+
+#include <atomic>
 #include <cstdint>
 
 namespace deepinfer {
@@ -14,5 +17,54 @@ int NumThreads();
 // Sets the worker count (n <= 0 → hardware concurrency). Throws kInvalidArgument
 // for n > 1024.
 void SetNumThreads(int n);
+
+// Runs fn(i) for every i in [0, items) on the OpenMP team, each item exactly
+// once on one thread. Thread t first takes the items of its static range
+// [items·t/T, items·(t+1)/T) from the front (so each thread streams one
+// contiguous stretch, as `schedule(static)`), then takes what is left of the
+// other threads' ranges from their backs: a thread that starts late (woken
+// after the others) or runs slower does not hold up the team.
+// Which thread runs an item never changes a result when every item writes
+// its own outputs (the determinism rule above). T is NumThreads(); teams of
+// more than kMaxStealTeam threads fall back to `schedule(static)`.
+// Must be called outside a parallel region (a nested call runs every item on
+// the calling thread).
+inline constexpr int kMaxStealTeam = 64;
+template <typename Fn>
+void ParallelForStealing(int64_t items, const Fn& fn) {
+  const int T = NumThreads();
+  if (T > kMaxStealTeam || items >= (int64_t{1} << 31) || omp_in_parallel()) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < items; ++i) fn(i);
+    return;
+  }
+  // Per thread one word: front in the low 32 bits, back in the high 32.
+  struct alignas(64) Range {
+    std::atomic<uint64_t> fb;
+  };
+  Range ranges[kMaxStealTeam];
+  for (int t = 0; t < T; ++t) {
+    const uint64_t lo = static_cast<uint64_t>(items * t / T), hi = static_cast<uint64_t>(items * (t + 1) / T);
+    ranges[t].fb.store(lo | (hi << 32), std::memory_order_relaxed);
+  }
+  // Takes one item from the front (owner) or the back (thief); -1 when empty.
+  const auto take = [](Range& r, bool front) -> int64_t {
+    uint64_t s = r.fb.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint64_t f = s & 0xffffffffu, b = s >> 32;
+      if (f >= b) return -1;
+      const uint64_t next = front ? s + 1 : s - (uint64_t{1} << 32);
+      if (r.fb.compare_exchange_weak(s, next, std::memory_order_acq_rel, std::memory_order_relaxed))
+        return static_cast<int64_t>(front ? f : b - 1);
+    }
+  };
+#pragma omp parallel num_threads(T)
+  {
+    const int t = omp_get_thread_num();
+    for (int64_t i; (i = take(ranges[t], true)) >= 0;) fn(i);
+    for (int v = 1; v < T; ++v)
+      for (int64_t i; (i = take(ranges[(t + v) % T], false)) >= 0;) fn(i);
+  }
+}
 
 }  // namespace deepinfer

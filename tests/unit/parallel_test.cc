@@ -4,12 +4,19 @@
 // the expert combine order, step messages, the single-process communicator,
 // sharded-row ownership, argument checks and the decode-only scheduler step.
 // The MPI paths themselves run in tests/cli/parallel_mpi.sh and server_mpi.sh.
+// Also the thread team's stealing loop (base/parallel.h ParallelForStealing).
+#include <omp.h>
+
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <random>
+#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "base/alloc_count.h"
+#include "base/parallel.h"
 #include "cache/cache_pool.h"
 #include "canary_backend.h"
 #include "deepinfer/engine.h"
@@ -116,6 +123,58 @@ Result RunShards(int shards, const EngineArgs& args, const std::vector<GenerateR
   EXPECT_EQ(res.stats.num_kv_blocks_used, 0);
   EXPECT_EQ(res.stats.num_running + res.stats.num_waiting, 0);
   return res;
+}
+
+// Every item runs exactly once, for team sizes around and above the item count.
+TEST(ParallelForStealing, RunsEachItemOnce) {
+  const int saved = NumThreads();
+  for (int T : {1, 2, 3, 5}) {
+    SetNumThreads(T);
+    for (int64_t items : {0, 1, 2, 3, 7, 64, 1001}) {
+      std::vector<std::atomic<int>> runs(static_cast<size_t>(items));
+      ParallelForStealing(items, [&](int64_t i) { runs[static_cast<size_t>(i)].fetch_add(1); });
+      for (int64_t i = 0; i < items; ++i) EXPECT_EQ(runs[static_cast<size_t>(i)].load(), 1) << "T " << T << " items " << items << " item " << i;
+    }
+  }
+  SetNumThreads(saved);
+}
+
+// A thread held up in an item does not hold up the rest of its range: the
+// first item to start blocks its thread until every other item has run,
+// which only happens if the other threads take what is left of that thread's
+// range from its back. (Without stealing the wait times out.)
+TEST(ParallelForStealing, OtherThreadsTakeTheRangeOfAHeldUpThread) {
+  const int saved = NumThreads();
+  for (int T : {2, 3}) {
+    SetNumThreads(T);
+    constexpr int64_t kItems = 60;
+    std::atomic<int> held{-1};
+    std::atomic<int64_t> total{0}, by_held{0};
+    std::atomic<bool> timed_out{false};
+    ParallelForStealing(kItems, [&](int64_t) {
+      const int t = omp_get_thread_num();
+      int none = -1;
+      if (held.compare_exchange_strong(none, t)) {
+        by_held.fetch_add(1);
+        total.fetch_add(1);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (total.load() < kItems) {
+          if (std::chrono::steady_clock::now() > until) {
+            timed_out = true;
+            break;
+          }
+          std::this_thread::yield();
+        }
+        return;
+      }
+      if (t == held.load()) by_held.fetch_add(1);
+      total.fetch_add(1);
+    });
+    EXPECT_FALSE(timed_out.load()) << "T " << T;
+    EXPECT_EQ(by_held.load(), 1) << "T " << T;
+    EXPECT_EQ(total.load(), kItems) << "T " << T;
+  }
+  SetNumThreads(saved);
 }
 
 TEST(DataParallelEngine, ShardsGiveTheSameTokensAsOne) {
