@@ -150,6 +150,21 @@ PackedFp4 PackFp4(const ref::Fp4Weight& w);
 PackedBf16 PackBf16(const ref::Bf16Weight& w);
 PackedF32 PackF32(const float* w, int64_t out, int64_t in);
 
+// Row concatenation of two packed weights: the packed form of [a; b] (a's
+// rows first, out = a.out + b.out), copied from the two packed arrays — a
+// merged linear as vLLM's MergedColumnParallelLinear (an expert's gate and up
+// projections `w1‖w3`, the attention's `wq_a‖wkv`). Both must have the same
+// `in` (FP8: the same block), a.out a multiple of kTileRows, and neither may
+// take the scalar fallback (use_ref); otherwise the result is null. One call
+// over the result gives every row the bits of the separate calls: each
+// output row is computed on its own, and the activations are quantised the
+// same way in both (same x, act_block and act_format). The result has no
+// checkpoint view (src.w and src.scale null, src.out = a.out + b.out):
+// LinearFp8/LinearFp4 raise Error(kInvalidArgument) for an act_block that
+// would need the scalar path on it. scale_exp_lo/hi span both.
+std::unique_ptr<PackedFp8> ConcatPackedRows(const PackedFp8& a, const PackedFp8& b);
+std::unique_ptr<PackedFp4> ConcatPackedRows(const PackedFp4& a, const PackedFp4& b);
+
 // ------------------------------------------------------------------ linears
 // Same contracts as the ref:: operators of the same name (ref_ops.h), with the
 // packed weight in place of the view; results are bit-identical to them for

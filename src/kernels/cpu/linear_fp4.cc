@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "base/error.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/hwy_util-inl.h"
 #include "kernels/cpu/linear_common.h"
@@ -734,6 +735,10 @@ HWY_EXPORT(RunFp4Call);
 void LinearFp4(const float* x, int64_t M, const PackedFp4& w, int act_block, float* y, Fp8Format act_format) {
   if (M <= 0) return;
   if (w.use_ref || act_block <= 0 || act_block % 32 != 0 || w.src.in % act_block != 0) {
+    if (w.src.w == nullptr)  // a row concatenation (ConcatPackedRows) has no checkpoint view
+      Fail(ErrorKind::kInvalidArgument,
+           "LinearFp4: activation block {} needs the scalar path, which a concatenated weight ({} x {}) does not have",
+           act_block, w.src.out, w.src.in);
     ref::LinearFp4(x, M, w.src, act_block, y, act_format);
     return;
   }

@@ -253,6 +253,55 @@ PackedFp4 PackFp4(const ref::Fp4Weight& w) {
   return p;
 }
 
+namespace {
+// Whether [a; b] can be concatenated in the packed domain (ConcatPackedRows).
+template <typename P>
+bool Concatenable(const P& a, const P& b) {
+  return !a.use_ref && !b.use_ref && a.w && b.w && a.src.in == b.src.in && a.src.out % kTileRows == 0 &&
+         a.tiles == a.src.out / kTileRows;
+}
+// dst = a's first `na` elements, then b's `nb`.
+template <typename T>
+AlignedArray<T> Concat(const T* a, size_t na, const T* b, size_t nb) {
+  AlignedArray<T> dst = AllocateAligned<T>(na + nb);
+  std::memcpy(dst.get(), a, na * sizeof(T));
+  std::memcpy(dst.get() + na, b, nb * sizeof(T));
+  return dst;
+}
+}  // namespace
+
+std::unique_ptr<PackedFp8> ConcatPackedRows(const PackedFp8& a, const PackedFp8& b) {
+  if (!Concatenable(a, b) || a.src.block != b.src.block) return nullptr;
+  const int64_t K = a.src.in;
+  auto p = std::make_unique<PackedFp8>();
+  p->src = {nullptr, nullptr, a.src.out + b.src.out, K, a.src.block};
+  p->tiles = a.tiles + b.tiles;
+  // w[t][k][r] and ws[t][k/32][r/16]: the tiles of b follow those of a.
+  p->w = Concat(a.w.get(), static_cast<size_t>(a.tiles * K * kTileRows), b.w.get(),
+                static_cast<size_t>(b.tiles * K * kTileRows));
+  p->ws = Concat(a.ws.get(), static_cast<size_t>(a.tiles * (K / 32) * 4), b.ws.get(),
+                 static_cast<size_t>(b.tiles * (K / 32) * 4));
+  p->scale_exp_lo = std::min(a.scale_exp_lo, b.scale_exp_lo);
+  p->scale_exp_hi = std::max(a.scale_exp_hi, b.scale_exp_hi);
+  return p;
+}
+
+std::unique_ptr<PackedFp4> ConcatPackedRows(const PackedFp4& a, const PackedFp4& b) {
+  if (!Concatenable(a, b)) return nullptr;
+  const int64_t K = a.src.in;
+  auto p = std::make_unique<PackedFp4>();
+  p->src = {nullptr, nullptr, a.src.out + b.src.out, K};
+  p->tiles = a.tiles + b.tiles;
+  // w[t][j][r] (dwords) and s[t][g][r]: the tiles of b follow those of a.
+  p->w = Concat(a.w.get(), static_cast<size_t>(a.tiles * (K / 2) * kTileRows), b.w.get(),
+                static_cast<size_t>(b.tiles * (K / 2) * kTileRows));
+  p->s = Concat(a.s.get(), static_cast<size_t>(a.tiles * (K / 32) * kTileRows), b.s.get(),
+                static_cast<size_t>(b.tiles * (K / 32) * kTileRows));
+  p->scale_exp_lo = std::min(a.scale_exp_lo, b.scale_exp_lo);
+  p->scale_exp_hi = std::max(a.scale_exp_hi, b.scale_exp_hi);
+  return p;
+}
+
 PackedBf16 PackBf16(const ref::Bf16Weight& w) {
   PackedBf16 p;
   p.src = w;

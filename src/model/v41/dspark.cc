@@ -181,12 +181,12 @@ class DraftPass {
     std::vector<float>& sh = Zeroed(ws_.moe_sh, n * d);
     const auto routed = [&](int e, const float* xin, int64_t m, const float* rw, float* out) {
       const ExpertWeights& ew = F.experts[e];
-      ExpertSwiGlu(xin, m, ew.w1, ew.w3, ew.w2, I, ab, lim, rw, out);
+      ExpertSwiGlu(xin, m, ew.w1, ew.w3, ew.w13.get(), ew.w2, I, ab, lim, rw, out);
     };
     // std::ref: the std::function holds a reference, no heap copy of the closure.
     RoutedExperts(nullptr, EpExchange::kReplicated, ExpertShard{c_.dspark_n_routed_experts, 1, 0}, x, n, d,
                   idx.data(), wts.data(), k, std::ref(routed), y.data());
-    ExpertSwiGlu(x, n, F.shared_w1, F.shared_w3, F.shared_w2, I, ab, lim, nullptr, sh.data());
+    ExpertSwiGlu(x, n, F.shared_w1, F.shared_w3, F.shared_w13.get(), F.shared_w2, I, ab, lim, nullptr, sh.data());
     for (int64_t i = 0; i < n * d; ++i) v[i] = RoundBf16(y[i] + sh[i]);
   }
 

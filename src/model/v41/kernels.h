@@ -106,6 +106,7 @@ inline void SwiGlu(float* gate, float* up, int64_t m, int64_t I, float lim, cons
 // drafter's (never in use at once on a thread). moe.cc.
 struct ExpertScratch {
   std::vector<float> gt, up, neg;
+  std::vector<float> g13;  // [m, 2I]: the merged gate/up call's output (ExpertWeights::w13)
 };
 ExpertScratch& ThreadExpertScratch();
 
@@ -117,20 +118,55 @@ ExpertScratch& ThreadExpertScratch();
 // outside a parallel region. moe.cc.
 void ReserveExpertScratch(int64_t rows, int64_t d, int64_t I, int64_t* reserved_rows, int* reserved_threads);
 
+// A packed weight's linear (the merged gate/up weights, which have no
+// checkpoint view): as Linear with the packed form.
+inline void LinearPacked(const float* x, int64_t M, const cpu::PackedFp8& w, int ab, float* y, Fp8Format f) {
+  cpu::LinearFp8(x, M, w, ab, y, f);
+}
+inline void LinearPacked(const float* x, int64_t M, const cpu::PackedFp4& w, int ab, float* y, Fp8Format f) {
+  cpu::LinearFp4(x, M, w, ab, y, f);
+}
+
 // Expert.forward on m rows x [m, d] → out [m, d]: w2(SwiGlu(w1·x, w3·x))
 // with the limit and, for a routed expert, the route weights rw (null: the
 // shared expert); W is Fp4Linear (routed) or Fp8Linear (shared), activation
-// blocks of ab. Uses the calling thread's ExpertScratch.
-template <class W>
-void ExpertSwiGlu(const float* x, int64_t m, const W& w1, const W& w3, const W& w2, int64_t I, int ab, float lim,
-                  const float* rw, float* out) {
+// blocks of ab. w13, when not null, is the packed [w1; w3]
+// (cpu::ConcatPackedRows, weights.h ExpertWeights::w13): one call gives
+// both projections, each row the bits of its own call (the activations are
+// quantised once instead of twice). Uses the calling thread's ExpertScratch.
+template <class W, class P>
+void ExpertSwiGlu(const float* x, int64_t m, const W& w1, const W& w3, const P* w13, const W& w2, int64_t I, int ab,
+                  float lim, const float* rw, float* out) {
   ExpertScratch& es = ThreadExpertScratch();
-  es.gt.assign(static_cast<size_t>(m * I), 0.0f);
-  es.up.assign(static_cast<size_t>(m * I), 0.0f);
-  Linear(x, m, w1, ab, es.gt.data());
-  Linear(x, m, w3, ab, es.up.data());
-  SwiGlu(es.gt.data(), es.up.data(), m, I, lim, rw, es.neg);
-  Linear(es.gt.data(), m, w2, ab, out);
+  float* gate = nullptr;
+  float* up = nullptr;
+  if (w13) {
+    es.g13.assign(static_cast<size_t>(m * 2 * I), 0.0f);
+    LinearPacked(x, m, *w13, ab, es.g13.data(), w1.act_format);
+    if (m == 1) {  // [gate | up] of the one row, in place
+      gate = es.g13.data();
+      up = gate + I;
+    } else {
+      es.gt.resize(static_cast<size_t>(m * I));
+      es.up.resize(static_cast<size_t>(m * I));
+      for (int64_t r = 0; r < m; ++r) {
+        const float* row = es.g13.data() + r * 2 * I;
+        std::copy(row, row + I, es.gt.data() + r * I);
+        std::copy(row + I, row + 2 * I, es.up.data() + r * I);
+      }
+      gate = es.gt.data();
+      up = es.up.data();
+    }
+  } else {
+    es.gt.assign(static_cast<size_t>(m * I), 0.0f);
+    es.up.assign(static_cast<size_t>(m * I), 0.0f);
+    Linear(x, m, w1, ab, es.gt.data());
+    Linear(x, m, w3, ab, es.up.data());
+    gate = es.gt.data();
+    up = es.up.data();
+  }
+  SwiGlu(gate, up, m, I, lim, rw, es.neg);
+  Linear(gate, m, w2, ab, out);
 }
 
 }  // namespace deepinfer::v41

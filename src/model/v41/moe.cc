@@ -40,6 +40,7 @@ void ReserveExpertScratch(int64_t rows, int64_t d, int64_t I, int64_t* reserved_
     ExpertScratch& es = tl_expert;
     ReserveInSteps(es.gt, rows * I, 1);
     ReserveInSteps(es.up, rows * I, 1);
+    ReserveInSteps(es.g13, rows * 2 * I, 1);
     ReserveInSteps(es.neg, rows * I, 1);
     ReserveRoutedExpertScratch(rows, d);
     cpu::ReserveLinearScratch(rows, std::max(d, I));
@@ -87,13 +88,13 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
   // bits either way.
   std::vector<float>& sh = Zeroed(ws_.moe_sh, n * d);
   const auto shared = [&] {
-    ExpertSwiGlu(x, n, F.shared_w1, F.shared_w3, F.shared_w2, I, ab, lim, nullptr, sh.data());
+    ExpertSwiGlu(x, n, F.shared_w1, F.shared_w3, F.shared_w13.get(), F.shared_w2, I, ab, lim, nullptr, sh.data());
   };
   const bool shared_alongside = n <= kSharedAlongsideMaxRows && !(m_.comm_ && m_.comm_->size() > 1);
   const auto routed = [&](int e, const float* xin, int64_t m, const float* rw, float* out) {
     const ExpertWeights& ew = F.experts[e];
     DI_CHECK(ew.bound);
-    ExpertSwiGlu(xin, m, ew.w1, ew.w3, ew.w2, I, ab, lim, rw, out);
+    ExpertSwiGlu(xin, m, ew.w1, ew.w3, ew.w13.get(), ew.w2, I, ab, lim, rw, out);
   };
   // std::ref: each std::function holds a reference, no heap copy of the closure.
   RoutedExperts(m_.comm_, b_.exchange, m_.shard_, x, n, d, idx.data(), wts.data(), k, std::ref(routed), y.data(),

@@ -264,6 +264,18 @@ struct Packer {
     l.packed = std::make_unique<cpu::PackedFp4>(cpu::PackFp4(l.w));
     bytes += l.packed->bytes();
   }
+  // The gate/up pair [w1; w3] as one packed weight (ExpertWeights::w13);
+  // the separate packed forms are dropped when the merge is made.
+  template <class L, class P>
+  void Merge(L& w1, L& w3, std::unique_ptr<P>* w13) {
+    if (!w1.packed || !w3.packed || w1.act_format != w3.act_format) return;
+    *w13 = cpu::ConcatPackedRows(*w1.packed, *w3.packed);
+    if (!*w13) return;
+    bytes += (*w13)->bytes();
+    bytes -= w1.packed->bytes() + w3.packed->bytes();
+    w1.packed.reset();
+    w3.packed.reset();
+  }
   void Bf16(Bf16Tensor& t) {
     if (t.data == nullptr) return;
     t.packed = std::make_unique<cpu::PackedBf16>(cpu::PackBf16(t.weight()));
@@ -299,10 +311,12 @@ struct Packer {
       if (!e.bound) continue;
       Fp4(e.w1);
       Fp4(e.w3);
+      Merge(e.w1, e.w3, &e.w13);
       Fp4(e.w2);
     }
     Fp8(F.shared_w1);
     Fp8(F.shared_w3);
+    Merge(F.shared_w1, F.shared_w3, &F.shared_w13);
     Fp8(F.shared_w2);
     if (L.has_engram) Fp8(L.engram.wkv);
   }

@@ -94,6 +94,10 @@ struct AttentionWeights {
 struct ExpertWeights {
   bool bound = false;  // false: another expert-parallel rank owns this expert (nothing loaded)
   Fp4Linear w1, w2, w3;
+  // The gate and up projections merged, [w1; w3] (cpu::ConcatPackedRows),
+  // made by PackForCpu when both pack for the fast kernels (w1.packed and
+  // w3.packed are then dropped: the merged copy replaces them); else null.
+  std::unique_ptr<cpu::PackedFp4> w13;
 };
 
 struct MoeWeights {
@@ -101,6 +105,7 @@ struct MoeWeights {
   F32Tensor bias, bias_vl;
   std::vector<ExpertWeights> experts;
   Fp8Linear shared_w1, shared_w2, shared_w3;
+  std::unique_ptr<cpu::PackedFp8> shared_w13;  // [shared_w1; shared_w3], as ExpertWeights::w13
 };
 
 struct EngramWeights {
