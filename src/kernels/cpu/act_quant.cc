@@ -161,8 +161,8 @@ void ReserveLinearScratch(int64_t M, int64_t K) {
   ActBuffers& buf = ThreadActBuffers();
   buf.Resize(M * K, M * (K / 32));
   if (static_cast<int64_t>(buf.qp.size()) < M * (K / 2)) buf.qp.resize(static_cast<size_t>(M * (K / 2)));
-  if (static_cast<int64_t>(buf.pt.size()) < 32 * K) buf.pt.resize(static_cast<size_t>(32 * K));
   const int64_t few = std::min<int64_t>(M, kBlockGemmMinM - 1);  // linear_fp4.cc: each row below the block GEMM
+  if (static_cast<int64_t>(buf.pt.size()) < few * 32 * K) buf.pt.resize(static_cast<size_t>(few * 32 * K));
   if (static_cast<int64_t>(buf.pqi.size()) < few * kFp4IntActBytes * K)
     buf.pqi.resize(static_cast<size_t>(few * kFp4IntActBytes * K));
   if (static_cast<int64_t>(buf.pcorr.size()) < few * (K / 32)) buf.pcorr.resize(static_cast<size_t>(few * (K / 32)));

@@ -52,10 +52,12 @@ struct QArgs {
   int64_t ldq = 0;                // row stride of q (elements)
   const float* sa = nullptr;      // activation scales [M, K/ab]
   const uint32_t* qp = nullptr;   // FP4, few rows: q as BF16 pairs (bf16_dot.h), or null
-  // FP4 GEMV on AVX2: the product tables of activation row pt_row
-  // (linear_fp4.cc BuildFp4ProductTables: 32 bytes per column), or null.
+  // FP4 below the block GEMM on AVX2: every activation row's product tables
+  // (linear_fp4.cc BuildFp4ProductTables: 32 bytes per column, row m at
+  // pt + 32·K·m), or null; fp4_rowwise: run the rows one by one over each
+  // tile (the integer-dot / table GEMV) instead of the multi-row micro-tile.
   const uint8_t* pt = nullptr;
-  int64_t pt_row = -1;
+  bool fp4_rowwise = false;
   // ... and every row's integer operands (BuildFp4IntActs: kFp4IntActBytes
   // per column) with each group's correction, INT32_MIN where the group takes
   // the tables or the FP32 path instead (AVX2; AVX-512 without the pair dots).

@@ -378,7 +378,7 @@ void BuildFp4IntActs(const float* q, int64_t K, int8_t* pqi, int32_t* pcorr, uin
 
 #endif  // the operands: AVX2 and AVX-512
 #if HWY_TARGET == HWY_AVX2
-// The partial sums of group g of activation row a.pt_row (a.pt holds its
+// The partial sums of group g of one activation row (a.pt holds its
 // tables) for 32·H rows roff.. of one packed tile, by the byte product
 // tables (see above); part[v] in row order.
 template <int H>
@@ -646,8 +646,10 @@ void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
     if constexpr (kMT == 1 && kFp4Gemv) {
 #if HWY_TARGET == HWY_AVX2
       if constexpr (kV == 4 || kV == 8) {
-        if (aa.pt != nullptr && m0 == aa.pt_row) {
-          Fp4GemvTables<kV / 4>(aa, aa.w + tile * (aa.K / 2) * kTileRows, aa.s + tile * (aa.K / 32) * kTileRows,
+        if (aa.pt != nullptr) {  // row m0's tables at pt + 32·K·m0
+          QArgs row = aa;
+          row.pt = aa.pt + 32 * aa.K * m0;
+          Fp4GemvTables<kV / 4>(row, aa.w + tile * (aa.K / 2) * kTileRows, aa.s + tile * (aa.K / 32) * kTileRows,
                                 roff, m0, tile * kTileRows);
           return;
         }
@@ -661,7 +663,15 @@ void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
                    tile * kTileRows);
   };
 #if HWY_TARGET == HWY_AVX2
-  if (a.M == 1 && a.pt != nullptr) {  // the table GEMV over whole 64-row tiles
+  // The integer-dot / table GEMV over whole 64-row tiles: one row, or several
+  // rows one after the other over each tile when most of their groups take
+  // the integer dots (fp4_rowwise). Measured (Zen 5, one thread, 1024×1024,
+  // Gaussian rows: the integer dots): the multi-row micro-tile below spent
+  // 40-46 us per row (its integer form spills registers), the GEMV 29-32 us
+  // per row: M = 2 / 3 / 4 / 8 1.50 / 1.46 / 1.35 / 1.41× faster; with rows
+  // that take the tables (activations over 18 binades) the micro-tile's FP32
+  // path stays faster (46 against 60 us per row), hence the vote.
+  if (a.pt != nullptr && (a.M == 1 || a.fp4_rowwise)) {
     RunItems<8, 1>(a, item0, item1, micro);
     return;
   }
@@ -697,28 +707,29 @@ void RunFp4Call(QArgs& a) {
 #endif
 #if HWY_TARGET == HWY_AVX2
   // Below the block GEMM's rows every activation row gets its integer-dot
-  // operands (BuildFp4IntActs), and the row that runs alone (MT = 1: M = 1,
-  // or the last row when M % kMicroMT == 1, the table GEMV) the product
-  // tables of the groups that cannot take them. Both are exact only because
-  // a.q holds QuantizeActRows' output (E4M3 values × 2^119, or NaN/Inf); a
-  // caller with other activations must not set a.pt / a.pqi.
+  // operands (BuildFp4IntActs) and its product tables (for the groups that
+  // cannot take the integers, in the GEMV: M = 1, the rows of an
+  // fp4_rowwise call, or the last row when M % kMicroMT == 1). Both are exact
+  // only because a.q holds QuantizeActRows' output (E4M3 values × 2^119, or
+  // NaN/Inf); a caller with other activations must not set a.pt / a.pqi.
+  // fp4_rowwise: at least 60% of the call's (row, group) pairs take the
+  // integers (the break-even of the two forms measured above is ~53%).
   if (a.M < kBlockGemmMinM) {
     ActBuffers& buf = ThreadActBuffers();
     const int64_t groups = a.K / 32;
-    const bool alone = a.M % kMicroMT == 1;
-    if (alone && static_cast<int64_t>(buf.pt.size()) < 32 * a.K) buf.pt.resize(32 * a.K);
+    if (static_cast<int64_t>(buf.pt.size()) < a.M * 32 * a.K) buf.pt.resize(a.M * 32 * a.K);
     if (static_cast<int64_t>(buf.pqi.size()) < a.M * kFp4IntActBytes * a.K)
       buf.pqi.resize(a.M * kFp4IntActBytes * a.K);
     if (static_cast<int64_t>(buf.pcorr.size()) < a.M * groups) buf.pcorr.resize(a.M * groups);
     for (int64_t m = 0; m < a.M; ++m)
       BuildFp4IntActs(a.q + m * a.ldq, a.K, buf.pqi.data() + m * kFp4IntActBytes * a.K,
-                      buf.pcorr.data() + m * groups, alone && m == a.M - 1 ? buf.pt.data() : nullptr);
+                      buf.pcorr.data() + m * groups, buf.pt.data() + m * 32 * a.K);
     a.pqi = buf.pqi.data();
     a.pcorr = buf.pcorr.data();
-    if (alone) {
-      a.pt = buf.pt.data();
-      a.pt_row = a.M - 1;
-    }
+    a.pt = buf.pt.data();
+    int64_t ints = 0;
+    for (int64_t i = 0; i < a.M * groups; ++i) ints += a.pcorr[i] != INT32_MIN;
+    a.fp4_rowwise = ints * 10 >= a.M * groups * 6;
   }
 #endif
   RunLinearCall(a, &RunFp4);
