@@ -73,7 +73,7 @@ HWY_INLINE VF E4M3Scaled(const uint8_t* p) {
 // same for bytes 2 and 0; a 32-bit shift by 16 lifts the low halves; the mask
 // keeps bit 31 and bits 26..20. Same bits as E4M3Scaled, 5 shifts and 4 ands
 // per 4 vectors instead of 4 shuffles, 4 shifts and 4 ands: the shuffles and
-// shifts share two of Zen's four vector pipes (docs/kernels.md, "whole
+// shifts share two of Zen's four vector pipes (docs/kernels-log.md, "Whole
 // dwords in the FP8 and BF16 GEMVs").
 HWY_INLINE void E4M3Scaled4(const uint8_t* p, VF f[4]) {
 #if HWY_TARGET == HWY_SCALAR  // one lane: no 16-bit halves (kFp8Dwords is false there)

@@ -51,7 +51,7 @@ HWY_INLINE VF LoadW(const uint16_t* p) {
 // load; w[1] lane l is row r + 2l + 1 (the high half: a mask), w[0] lane l
 // row r + 2l (the low half: a shift). One shift and one `and` per 2 vectors
 // instead of 2 widening shuffles and 2 shifts, which share two of Zen's four
-// vector pipes (docs/kernels.md, "whole dwords in the FP8 and BF16 GEMVs").
+// vector pipes (docs/kernels-log.md, "Whole dwords in the FP8 and BF16 GEMVs").
 // Used where V is even and V·MT <= kBf16DwordsMaxSums.
 constexpr bool kBf16Dwords = kLanes >= 8;
 constexpr int kBf16DwordsMaxSums = kLanes >= 16 ? 16 : 8;
