@@ -180,19 +180,6 @@ void CheckFp8(int64_t M, int64_t N, int64_t K, int B, int act_block, uint64_t se
                                    << (first < 0 ? 0.0f : want[first]);
 }
 
-// Every FP8 and FP4 check runs with the BF16 pair-dot paths (cpu_ops.h
-// Bf16DotSupported: AVX-512 CPUs with AVX512_BF16) on and off, so both
-// AVX-512 paths are covered on such a CPU.
-template <typename F>
-void WithAndWithoutBf16Dot(F&& f) {
-  for (bool on : {true, false}) {
-    SCOPED_TRACE(on ? "fp4 bf16 dot on" : "fp4 bf16 dot off");
-    SetBf16Dot(on);
-    f();
-  }
-  SetBf16Dot(true);
-}
-
 TEST(CpuKernels, LinearFp8BitIdentical) {
   WithAndWithoutBf16Dot([&] {
     ForEachTarget([&] {

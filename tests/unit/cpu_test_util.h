@@ -93,6 +93,19 @@ void ForEachTarget(F&& body) {
   SetNumThreads(threads);
 }
 
+// Every FP8 and FP4 check runs with the BF16 pair-dot paths (cpu_ops.h
+// Bf16DotSupported: AVX-512 CPUs with AVX512_BF16) on and off, so both
+// AVX-512 paths are covered on such a CPU.
+template <typename F>
+void WithAndWithoutBf16Dot(F&& f) {
+  for (bool on : {true, false}) {
+    SCOPED_TRACE(on ? "bf16 dot on" : "bf16 dot off");
+    SetBf16Dot(on);
+    f();
+  }
+  SetBf16Dot(true);
+}
+
 struct Shape {
   int64_t M, N, K;
 };

@@ -46,14 +46,29 @@ struct MergeShape {
 const MergeShape kMergeShapes[] = {{64, 64, 256}, {128, 40, 160}, {512, 512, 1024}, {64, 200, 96}};
 const int64_t kRows[] = {1, 2, 3, 4, 5, 7, 16, 100};
 
-template <typename F>
-void WithAndWithoutBf16Dot(F&& f) {
-  for (bool on : {true, false}) {
-    SCOPED_TRACE(on ? "bf16 dot on" : "bf16 dot off");
-    SetBf16Dot(on);
-    f();
-  }
-  SetBf16Dot(true);
+// Every row count and both activation kinds, every target, pair dots on and
+// off: the merged call's rows against the two separate calls (run(x, M, w, y)
+// calls LinearFp8 or LinearFp4).
+template <typename P, typename Run>
+void CheckMerged(const P& a, const P& b, int64_t K, uint64_t* seed, const char* what, Run&& run) {
+  const std::unique_ptr<P> ab = ConcatPackedRows(a, b);
+  ASSERT_NE(ab, nullptr);
+  const int64_t Na = a.src.out, Nb = b.src.out;
+  EXPECT_EQ(ab->src.out, Na + Nb);
+  EXPECT_EQ(ab->bytes(), a.bytes() + b.bytes());
+  for (int64_t M : kRows)
+    for (bool gaussian : {false, true}) {
+      const std::vector<float> x = Acts(M * K, ++*seed, gaussian);
+      WithAndWithoutBf16Dot([&] {
+        ForEachTarget([&] {
+          std::vector<float> ya(M * Na), yb(M * Nb), y(M * (Na + Nb), -1.0f);
+          run(x, M, a, ya);
+          run(x, M, b, yb);
+          run(x, M, *ab, y);
+          ExpectMergedRows(y, ya, yb, M, Na, Nb, what);
+        });
+      });
+    }
 }
 
 TEST(MergedLinear, Fp8RowsAreTheSeparateCallsBits) {
@@ -65,23 +80,10 @@ TEST(MergedLinear, Fp8RowsAreTheSeparateCallsBits) {
     const std::vector<uint8_t> sb = RandomScales(((sh.Nb + 31) / 32) * (K / 32), ++seed);
     const PackedFp8 a = PackFp8({wa.data(), sa.data(), sh.Na, K, 32});
     const PackedFp8 b = PackFp8({wb.data(), sb.data(), sh.Nb, K, 32});
-    const std::unique_ptr<PackedFp8> ab = ConcatPackedRows(a, b);
-    ASSERT_NE(ab, nullptr);
-    EXPECT_EQ(ab->src.out, sh.Na + sh.Nb);
-    EXPECT_EQ(ab->bytes(), a.bytes() + b.bytes());
-    for (int64_t M : kRows)
-      for (bool gaussian : {false, true}) {
-        const std::vector<float> x = Acts(M * K, ++seed, gaussian);
-        WithAndWithoutBf16Dot([&] {
-          ForEachTarget([&] {
-            std::vector<float> ya(M * sh.Na), yb(M * sh.Nb), y(M * (sh.Na + sh.Nb), -1.0f);
-            LinearFp8(x.data(), M, a, 32, ya.data());
-            LinearFp8(x.data(), M, b, 32, yb.data());
-            LinearFp8(x.data(), M, *ab, 32, y.data());
-            ExpectMergedRows(y, ya, yb, M, sh.Na, sh.Nb, "fp8");
-          });
-        });
-      }
+    CheckMerged(a, b, K, &seed, "fp8",
+                [](const std::vector<float>& x, int64_t M, const PackedFp8& w, std::vector<float>& y) {
+                  LinearFp8(x.data(), M, w, 32, y.data());
+                });
   }
 }
 
@@ -97,23 +99,10 @@ TEST(MergedLinear, Fp4RowsAreTheSeparateCallsBits) {
     const std::vector<uint8_t> sb = RandomScales(sh.Nb * (K / 32), ++seed);
     const PackedFp4 a = PackFp4({wa.data(), sa.data(), sh.Na, K});
     const PackedFp4 b = PackFp4({wb.data(), sb.data(), sh.Nb, K});
-    const std::unique_ptr<PackedFp4> ab = ConcatPackedRows(a, b);
-    ASSERT_NE(ab, nullptr);
-    EXPECT_EQ(ab->src.out, sh.Na + sh.Nb);
-    EXPECT_EQ(ab->bytes(), a.bytes() + b.bytes());
-    for (int64_t M : kRows)
-      for (bool gaussian : {false, true}) {
-        const std::vector<float> x = Acts(M * K, ++seed, gaussian);
-        WithAndWithoutBf16Dot([&] {
-          ForEachTarget([&] {
-            std::vector<float> ya(M * sh.Na), yb(M * sh.Nb), y(M * (sh.Na + sh.Nb), -1.0f);
-            LinearFp4(x.data(), M, a, 32, ya.data());
-            LinearFp4(x.data(), M, b, 32, yb.data());
-            LinearFp4(x.data(), M, *ab, 32, y.data());
-            ExpectMergedRows(y, ya, yb, M, sh.Na, sh.Nb, "fp4");
-          });
-        });
-      }
+    CheckMerged(a, b, K, &seed, "fp4",
+                [](const std::vector<float>& x, int64_t M, const PackedFp4& w, std::vector<float>& y) {
+                  LinearFp4(x.data(), M, w, 32, y.data());
+                });
     // And the separate calls are the reference's (so the merged one is too).
     const std::vector<float> x = Acts(3 * K, ++seed, true);
     std::vector<float> want(3 * sh.Na), got(3 * sh.Na);
