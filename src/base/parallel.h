@@ -18,20 +18,21 @@ int NumThreads();
 // for n > 1024.
 void SetNumThreads(int n);
 
-// Runs fn(i) for every i in [0, items) on the OpenMP team, each item exactly
-// once on one thread. Thread t first takes the items of its static range
-// [items·t/T, items·(t+1)/T) from the front (so each thread streams one
-// contiguous stretch, as `schedule(static)`), then takes what is left of the
-// other threads' ranges from their backs: a thread that starts late (woken
-// after the others) or runs slower does not hold up the team.
-// Which thread runs an item never changes a result when every item writes
-// its own outputs (the determinism rule above). T is NumThreads(); teams of
-// more than kMaxStealTeam threads fall back to `schedule(static)`.
-// Must be called outside a parallel region (a nested call runs every item on
-// the calling thread).
+// Runs fn(i) for every i in [0, items) (none when items <= 0) on the OpenMP
+// team, each item exactly once on one thread. Thread t first takes the items
+// of its static range [items·t/T, items·(t+1)/T) from the front (so each
+// thread streams one contiguous stretch, as `schedule(static)`), then takes
+// what is left of the other threads' ranges from their backs: a thread that
+// starts late (woken after the others) or runs slower does not hold up the
+// team. Which thread runs an item never changes a result when every item
+// writes its own outputs (the determinism rule above). T is NumThreads();
+// teams of more than kMaxStealTeam threads and counts of 2^31 or more fall
+// back to `schedule(static)`; called inside a parallel region (nested), every
+// item runs on the calling thread.
 inline constexpr int kMaxStealTeam = 64;
 template <typename Fn>
 void ParallelForStealing(int64_t items, const Fn& fn) {
+  if (items <= 0) return;  // nothing to run (a negative count included)
   const int T = NumThreads();
   if (T > kMaxStealTeam || items >= (int64_t{1} << 31) || omp_in_parallel()) {
 #pragma omp parallel for schedule(static)

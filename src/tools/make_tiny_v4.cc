@@ -1,4 +1,4 @@
-// deepinfer/tools/make_tiny_v4.cc — see make_tiny_v4.h. Spec: shared/golden/TINY_V4_SPEC.md.
+// deepinfer/tools/make_tiny_v4.cc — see make_tiny_v4.h. Spec: docs/golden/TINY_V4_SPEC.md.
 #include "tools/make_tiny_v4.h"
 
 #include "base/error.h"

@@ -1,5 +1,5 @@
 // deepinfer/tools/make_tiny_vision.cc — the vision additions of the tiny V4.1
-// checkpoint (shared TINY_V41_VISION_SPEC.md §2; make_tiny_v41_vision.py
+// checkpoint (docs/golden/TINY_V41_VISION_SPEC.md §2; make_tiny_v41_vision.py
 // vision_plan()). All 26 tensors are BF16 and follow the generator's value
 // rule; the file layout (sorted names) is the text generator's.
 #include <string>

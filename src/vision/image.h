@@ -1,6 +1,6 @@
 // deepinfer/vision/image.h — image decoding and the V4.1 image preprocessing
 // (model-spec §3.3.7; the reference's image_processor.py, restated in the
-// shared TINY_V41_VISION_SPEC.md §4 step 1).
+// docs/golden/TINY_V41_VISION_SPEC.md §4 step 1).
 //
 // Pipeline for one image: DecodeImage (PNG via libpng, JPEG via libjpeg-turbo,
 // converted to 8-bit RGB the way PIL's convert("RGB") does) → PlanImageGrid

@@ -130,6 +130,9 @@ TEST(ParallelForStealing, RunsEachItemOnce) {
   const int saved = NumThreads();
   for (int T : {1, 2, 3, 5}) {
     SetNumThreads(T);
+    int calls = 0;
+    ParallelForStealing(-5, [&](int64_t) { ++calls; });  // a negative count runs nothing
+    EXPECT_EQ(calls, 0) << "T " << T;
     for (int64_t items : {0, 1, 2, 3, 7, 64, 1001}) {
       std::vector<std::atomic<int>> runs(static_cast<size_t>(items));
       ParallelForStealing(items, [&](int64_t i) { runs[static_cast<size_t>(i)].fetch_add(1); });
