@@ -261,9 +261,10 @@ inline int64_t g_min_parallel_macs = int64_t{1} << 16;
 // (base/parallel.h ParallelForStealing) instead of `schedule(static)`:
 // measured, Zen 5, 2 threads, a 32 768 × 1 024 BF16 head-like GEMV from DRAM
 // 1.11× (AVX-512) / 1.15× (AVX2) faster (medians of 11 alternated rounds);
-// the batch-1 decode step of the `large` preset 1.007-1.053× (four runs,
-// both targets, the two forms alternated every step). `dynamic` chunks were
-// slower (0.96-0.97×): they break each thread's contiguous stream.
+// the decode step of the `large` preset 1.002-1.053× at batch 1 and
+// 1.000-1.049× at batch 4 (ten runs, both targets, the two forms alternated
+// every step). `dynamic` chunks were slower (0.96-0.97×): they break each
+// thread's contiguous stream.
 //
 // A call with fewer tiles than threads and few rows (a decode GEMV with
 // N <= 64 on 2 threads) splits its rows into slices of kSliceRows instead,
