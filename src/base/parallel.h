@@ -27,14 +27,19 @@ void SetNumThreads(int n);
 // team. Which thread runs an item never changes a result when every item
 // writes its own outputs (the determinism rule above). T is NumThreads();
 // teams of more than kMaxStealTeam threads and counts of 2^31 or more fall
-// back to `schedule(static)`; called inside a parallel region (nested), every
-// item runs on the calling thread.
+// back to `schedule(static)`; with one thread, or called inside a parallel
+// region (nested), every item runs on the calling thread, in order, without
+// opening a region.
 inline constexpr int kMaxStealTeam = 64;
 template <typename Fn>
 void ParallelForStealing(int64_t items, const Fn& fn) {
   if (items <= 0) return;  // nothing to run (a negative count included)
   const int T = NumThreads();
-  if (T > kMaxStealTeam || items >= (int64_t{1} << 31) || omp_in_parallel()) {
+  if (T == 1 || omp_in_parallel()) {  // no one-thread team (see ParallelFor)
+    for (int64_t i = 0; i < items; ++i) fn(i);
+    return;
+  }
+  if (T > kMaxStealTeam || items >= (int64_t{1} << 31)) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < items; ++i) fn(i);
     return;
@@ -66,6 +71,25 @@ void ParallelForStealing(int64_t items, const Fn& fn) {
     for (int v = 1; v < T; ++v)
       for (int64_t i; (i = take(ranges[(t + v) % T], false)) >= 0;) fn(i);
   }
+}
+
+// Runs fn(i) for every i in [0, n) (none when n <= 0) as `#pragma omp
+// parallel for schedule(static) if(team)` would, except that when `team` is
+// false, n is 1, the team has one thread or the call is already inside a
+// parallel region, the loop runs on the calling thread without entering
+// libgomp: an `if(false)` or nested region still builds a one-thread team,
+// ~1.5 us per call on the Zen 5 VM of docs/kernels.md (a batch-1 decode step
+// of the `large` preset opened ~220 of them). Each item must write its own
+// outputs (the determinism rule above).
+template <typename Fn>
+void ParallelFor(int64_t n, bool team, const Fn& fn) {
+  if (n <= 0) return;
+  if (!team || n == 1 || NumThreads() == 1 || omp_in_parallel()) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) fn(i);
 }
 
 }  // namespace deepinfer

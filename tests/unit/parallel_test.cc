@@ -142,6 +142,59 @@ TEST(ParallelForStealing, RunsEachItemOnce) {
   SetNumThreads(saved);
 }
 
+// ParallelFor: every item once; no region at all (omp_get_level() stays 0,
+// where an `if(false)` region would make it 1) when no team is asked for or
+// there is one item; a team when asked for with two or more items and
+// threads; inside a region, no nested one (the level stays 1) and every item
+// on the calling thread — ParallelForStealing too, and with one thread.
+TEST(ParallelFor, RunsEachItemOnceAndOpensARegionOnlyForATeam) {
+  const int saved = NumThreads();
+  for (int T : {1, 2, 3}) {
+    SetNumThreads(T);
+    for (bool team : {false, true}) {
+      for (int64_t items : {-3, 0, 1, 2, 7, 100}) {
+        std::vector<std::atomic<int>> runs(static_cast<size_t>(std::max<int64_t>(items, 0)));
+        std::atomic<int> max_level{0}, threads_seen{0};
+        std::atomic<uint32_t> thread_mask{0};
+        ParallelFor(items, team, [&](int64_t i) {
+          runs[static_cast<size_t>(i)].fetch_add(1);
+          int lv = omp_get_level();
+          int prev = max_level.load();
+          while (lv > prev && !max_level.compare_exchange_weak(prev, lv)) {
+          }
+          if (!(thread_mask.fetch_or(1u << omp_get_thread_num()) & (1u << omp_get_thread_num()))) threads_seen.fetch_add(1);
+        });
+        for (int64_t i = 0; i < items; ++i)
+          EXPECT_EQ(runs[static_cast<size_t>(i)].load(), 1) << "T " << T << " team " << team << " items " << items;
+        if (items <= 0) continue;
+        const bool region = team && items > 1 && T > 1;
+        EXPECT_EQ(max_level.load(), region ? 1 : 0) << "T " << T << " team " << team << " items " << items;
+        if (!region) EXPECT_EQ(thread_mask.load(), 1u) << "T " << T << " team " << team << " items " << items;
+        if (T == 1) {  // one thread: ParallelForStealing opens no region either
+          std::atomic<int> level{0};
+          ParallelForStealing(items, [&](int64_t) { level.fetch_or(omp_get_level() + 1); });
+          EXPECT_EQ(level.load(), 1) << "items " << items;
+        }
+      }
+    }
+  }
+  SetNumThreads(2);
+  std::atomic<int> bad{0}, ran{0};
+#pragma omp parallel num_threads(2)
+  {
+    const int me = omp_get_thread_num();
+    const auto check = [&](int64_t) {
+      ran.fetch_add(1);
+      if (omp_get_level() != 1 || omp_get_thread_num() != me) bad.fetch_add(1);
+    };
+    ParallelFor(10, true, check);
+    ParallelForStealing(10, check);
+  }
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(ran.load(), 2 * 2 * 10);
+  SetNumThreads(saved);
+}
+
 // A thread held up in an item does not hold up the rest of its range: the
 // first item to start blocks its thread until every other item has run,
 // which only happens if the other threads take what is left of that thread's

@@ -10,6 +10,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "base/parallel.h"
 #include "format/numerics.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/hwy_util-inl.h"
@@ -66,16 +67,16 @@ HWY_EXPORT(ExpandRow);
 
 void HcCollapse(const float* X, const float* pre, int64_t M, int hc, int64_t d, float* x) {
   auto* row = HWY_DYNAMIC_DISPATCH(CollapseRow);
-#pragma omp parallel for schedule(static) if (M > 1 && M * hc * d >= (int64_t{1} << 16))
-  for (int64_t r = 0; r < M; ++r) row(X + r * hc * d, pre + r * hc, hc, d, x + r * d);
+  ParallelFor(M, M * hc * d >= (int64_t{1} << 16),
+              [&](int64_t r) { row(X + r * hc * d, pre + r * hc, hc, d, x + r * d); });
 }
 
 void HcExpand(const float* v, const float* X, const float* post, const float* comb, int64_t M, int hc, int64_t d,
               float* Xout) {
   auto* row = HWY_DYNAMIC_DISPATCH(ExpandRow);
-#pragma omp parallel for schedule(static) if (M > 1 && M * hc * hc * d >= (int64_t{1} << 16))
-  for (int64_t r = 0; r < M; ++r)
+  ParallelFor(M, M * hc * hc * d >= (int64_t{1} << 16), [&](int64_t r) {
     row(v + r * d, X + r * hc * d, post + r * hc, comb + r * hc * hc, hc, d, Xout + r * hc * d);
+  });
 }
 
 }  // namespace deepinfer::cpu

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "base/parallel.h"
 #include "format/numerics.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ref/ref_math.h"
@@ -19,36 +20,32 @@ void Router(const float* x, int64_t M, const PackedBf16& gate, const float* cons
   logits_buf.assign(static_cast<size_t>(M * E), 0.0f);
   const float* const logits = logits_buf.data();
   LinearF32Bf16W(x, M, gate, logits_buf.data());  // acc = Σ_k x·w in increasing k (ref::Router's loop)
-#pragma omp parallel if (M > 1)
-  {
-    thread_local std::vector<float> s, sel;
+  ParallelFor(M, true, [&](int64_t m) {
+    thread_local std::vector<float> s, sel;  // grow, never shrink: no allocation per step
     thread_local std::vector<int64_t> idx;
-    s.assign(static_cast<size_t>(E), 0.0f);
-    sel.assign(static_cast<size_t>(E), 0.0f);
-    idx.assign(static_cast<size_t>(topk), 0);
-#pragma omp for schedule(static)
-    for (int64_t m = 0; m < M; ++m) {
-      for (int64_t e = 0; e < E; ++e) {
-        const float acc = logits[m * E + e];
-        const float logit = acc / gate_temp;
-        const float sp = e < softplus_vec[m] ? ref::TorchSoftplus(logit)
-                                             : (logit > 20.0f ? logit : std::log1p(std::exp(logit)));
-        s[e] = std::sqrt(sp);
-        sel[e] = s[e] + bias[m][e];
-      }
-      ref::TorchTopK(sel.data(), E, topk, /*sorted=*/true, idx.data());
-      float* wr = weights + m * topk;
-      for (int i = 0; i < topk; ++i) {
-        indices[m * topk + i] = static_cast<int32_t>(idx[i]);
-        wr[i] = s[idx[i]];
-      }
-      if (norm_topk_prob && topk > 1) {
-        const float denom = ref::TorchSum(wr, topk) + 1e-20f;
-        for (int i = 0; i < topk; ++i) wr[i] = wr[i] / denom;
-      }
-      for (int i = 0; i < topk; ++i) wr[i] = wr[i] * route_scale;
+    if (s.size() < static_cast<size_t>(E)) s.resize(static_cast<size_t>(E));
+    if (sel.size() < static_cast<size_t>(E)) sel.resize(static_cast<size_t>(E));
+    if (idx.size() < static_cast<size_t>(topk)) idx.resize(static_cast<size_t>(topk));
+    for (int64_t e = 0; e < E; ++e) {
+      const float acc = logits[m * E + e];
+      const float logit = acc / gate_temp;
+      const float sp = e < softplus_vec[m] ? ref::TorchSoftplus(logit)
+                                           : (logit > 20.0f ? logit : std::log1p(std::exp(logit)));
+      s[e] = std::sqrt(sp);
+      sel[e] = s[e] + bias[m][e];
     }
-  }
+    ref::TorchTopK(sel.data(), E, topk, /*sorted=*/true, idx.data());
+    float* wr = weights + m * topk;
+    for (int i = 0; i < topk; ++i) {
+      indices[m * topk + i] = static_cast<int32_t>(idx[i]);
+      wr[i] = s[idx[i]];
+    }
+    if (norm_topk_prob && topk > 1) {
+      const float denom = ref::TorchSum(wr, topk) + 1e-20f;
+      for (int i = 0; i < topk; ++i) wr[i] = wr[i] / denom;
+    }
+    for (int i = 0; i < topk; ++i) wr[i] = wr[i] * route_scale;
+  });
 }
 
 void HcMixes(const float* X, int64_t M, int hc, int64_t d, const PackedF32& fn, const float* base,
@@ -61,59 +58,55 @@ void HcMixes(const float* X, int64_t M, int hc, int64_t d, const PackedF32& fn, 
   dots_buf.assign(static_cast<size_t>(M * mix), 0.0f);
   const float* const dots = dots_buf.data();
   LinearF32(X, M, fn, dots_buf.data());  // Σ_i f[i]·w[j][i] in increasing i (ref::HcMixes's loop)
-#pragma omp parallel if (M > 1)
-  {
-    thread_local std::vector<float> sq, mixes, rs, cs;
-    sq.assign(static_cast<size_t>(flat), 0.0f);
-    mixes.assign(static_cast<size_t>(mix), 0.0f);
-    rs.assign(static_cast<size_t>(hc), 0.0f);
-    cs.assign(static_cast<size_t>(hc), 0.0f);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < M; ++r) {
-      const float* f = X + r * flat;
-      for (int64_t i = 0; i < flat; ++i) sq[i] = f[i] * f[i];
-      const float rsq = 1.0f / std::sqrt(ref::TorchSum(sq.data(), flat) / static_cast<float>(flat) + norm_eps);
-      for (int64_t j = 0; j < mix; ++j) mixes[j] = dots[r * mix + j] * rsq;
-      float* pr = pre + r * hc;
-      float* po = post + r * hc;
-      for (int j = 0; j < hc; ++j) {
-        const bool vec = j < sig_vec[r];
-        pr[j] = ref::TorchSigmoid(mixes[j] * scale[0] + base[j], vec) + hc_eps;
-        po[j] = 2.0f * ref::TorchSigmoid(mixes[hc + j] * scale[1] + base[hc + j], vec);
+  ParallelFor(M, true, [&](int64_t r) {
+    thread_local std::vector<float> sq, mixes, rs, cs;  // grow, never shrink: no allocation per step
+    if (sq.size() < static_cast<size_t>(flat)) sq.resize(static_cast<size_t>(flat));
+    if (mixes.size() < static_cast<size_t>(mix)) mixes.resize(static_cast<size_t>(mix));
+    if (rs.size() < static_cast<size_t>(hc)) rs.resize(static_cast<size_t>(hc));
+    if (cs.size() < static_cast<size_t>(hc)) cs.resize(static_cast<size_t>(hc));
+    const float* f = X + r * flat;
+    for (int64_t i = 0; i < flat; ++i) sq[i] = f[i] * f[i];
+    const float rsq = 1.0f / std::sqrt(ref::TorchSum(sq.data(), flat) / static_cast<float>(flat) + norm_eps);
+    for (int64_t j = 0; j < mix; ++j) mixes[j] = dots[r * mix + j] * rsq;
+    float* pr = pre + r * hc;
+    float* po = post + r * hc;
+    for (int j = 0; j < hc; ++j) {
+      const bool vec = j < sig_vec[r];
+      pr[j] = ref::TorchSigmoid(mixes[j] * scale[0] + base[j], vec) + hc_eps;
+      po[j] = 2.0f * ref::TorchSigmoid(mixes[hc + j] * scale[1] + base[hc + j], vec);
+    }
+    float* c = comb + r * hc * hc;
+    for (int j = 0; j < hc * hc; ++j) c[j] = mixes[2 * hc + j] * scale[2] + base[2 * hc + j];
+    for (int j = 0; j < hc; ++j) {
+      float mx = c[j * hc];
+      for (int k = 1; k < hc; ++k) mx = std::max(mx, c[j * hc + k]);
+      for (int k = 0; k < hc; ++k) c[j * hc + k] = ref::SleefExpf(c[j * hc + k] - mx);
+    }
+    auto row_sums = [&]() {
+      for (int j = 0; j < hc; ++j) rs[j] = ref::TorchSum(c + j * hc, hc);
+    };
+    auto col_sums = [&]() {
+      for (int k = 0; k < hc; ++k) {
+        float a = 0.0f;
+        for (int j = 0; j < hc; ++j) a += c[j * hc + k];
+        cs[k] = a;
       }
-      float* c = comb + r * hc * hc;
-      for (int j = 0; j < hc * hc; ++j) c[j] = mixes[2 * hc + j] * scale[2] + base[2 * hc + j];
-      for (int j = 0; j < hc; ++j) {
-        float mx = c[j * hc];
-        for (int k = 1; k < hc; ++k) mx = std::max(mx, c[j * hc + k]);
-        for (int k = 0; k < hc; ++k) c[j * hc + k] = ref::SleefExpf(c[j * hc + k] - mx);
-      }
-      auto row_sums = [&]() {
-        for (int j = 0; j < hc; ++j) rs[j] = ref::TorchSum(c + j * hc, hc);
-      };
-      auto col_sums = [&]() {
-        for (int k = 0; k < hc; ++k) {
-          float a = 0.0f;
-          for (int j = 0; j < hc; ++j) a += c[j * hc + k];
-          cs[k] = a;
-        }
-      };
+    };
+    row_sums();
+    for (int j = 0; j < hc; ++j)
+      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / rs[j] + hc_eps;
+    col_sums();
+    for (int j = 0; j < hc; ++j)
+      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
+    for (int it = 0; it < sinkhorn_iters - 1; ++it) {
       row_sums();
       for (int j = 0; j < hc; ++j)
-        for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / rs[j] + hc_eps;
+        for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (rs[j] + hc_eps);
       col_sums();
       for (int j = 0; j < hc; ++j)
         for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
-      for (int it = 0; it < sinkhorn_iters - 1; ++it) {
-        row_sums();
-        for (int j = 0; j < hc; ++j)
-          for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (rs[j] + hc_eps);
-        col_sums();
-        for (int j = 0; j < hc; ++j)
-          for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
-      }
     }
-  }
+  });
 }
 
 }  // namespace deepinfer::cpu

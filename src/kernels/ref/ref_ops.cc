@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/parallel.h"
 #include "format/numerics.h"
 #include "kernels/ref/ref_math.h"
 
@@ -151,20 +152,16 @@ void GroupedLinearBf16(const float* o, int64_t M, int groups, const Bf16Weight& 
 // ------------------------------------------------------------------ norms
 
 void RmsNorm(const float* x, int64_t M, int64_t n, const uint16_t* w_bf16, float eps, float* y) {
-#pragma omp parallel if(M * n > kParallelWork / 16)
-  {
+  ParallelFor(M, M * n > kParallelWork / 16, [&](int64_t m) {
     thread_local std::vector<float> sq;  // grows, never shrinks: no allocation per step
-    sq.assign(static_cast<size_t>(n), 0.0f);
-#pragma omp for schedule(static)
-    for (int64_t m = 0; m < M; ++m) {
-      const float* xr = x + m * n;
-      for (int64_t i = 0; i < n; ++i) sq[i] = xr[i] * xr[i];
-      const float var = TorchSum(sq.data(), n) / static_cast<float>(n);
-      const float r = 1.0f / std::sqrt(var + eps);
-      float* yr = y + m * n;
-      for (int64_t i = 0; i < n; ++i) yr[i] = RoundBf16(Bf16ToFloat(w_bf16[i]) * (xr[i] * r));
-    }
-  }
+    if (sq.size() < static_cast<size_t>(n)) sq.resize(static_cast<size_t>(n));
+    const float* xr = x + m * n;
+    for (int64_t i = 0; i < n; ++i) sq[i] = xr[i] * xr[i];
+    const float var = TorchSum(sq.data(), n) / static_cast<float>(n);
+    const float r = 1.0f / std::sqrt(var + eps);
+    float* yr = y + m * n;
+    for (int64_t i = 0; i < n; ++i) yr[i] = RoundBf16(Bf16ToFloat(w_bf16[i]) * (xr[i] * r));
+  });
 }
 
 // ------------------------------------------------------------------ RoPE

@@ -25,6 +25,7 @@
 #include <optional>
 
 #include "base/error.h"
+#include "base/parallel.h"
 #include "base/region_timer.h"
 #include "format/numerics.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -77,16 +78,15 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
     Linear(x + a * d, b - a, A.wkv, ab, kv.data() + a * D);
     ref::RmsNorm(kv.data() + a * D, b - a, D, A.kv_norm.data, c_.norm_eps, kv.data() + a * D);
     RegionScope core(Region::kAttnCore);
-#pragma omp parallel for schedule(static) if((b - a) * D > (int64_t{1} << 16))
-    for (int64_t r = a; r < b; ++r) {
-      rope.Apply(kv.data() + r * D + D - rd, row_pos_[r], false);
-      Fp8QdqInPlace(kv.data() + r * D, D, 32, w_.fp8_format);
-    }
+    ParallelFor(b - a, (b - a) * D > (int64_t{1} << 16), [&](int64_t i) {
+      rope.Apply(kv.data() + (a + i) * D + D - rd, row_pos_[a + i], false);
+      Fp8QdqInPlace(kv.data() + (a + i) * D, D, 32, w_.fp8_format);
+    });
   });
   std::optional<RegionScope> core(std::in_place, Region::kAttnCore);
-#pragma omp parallel for schedule(static) if((r1 - r0) * H * D > (int64_t{1} << 16))
-  for (int64_t r = r0; r < r1; ++r)
-    for (int64_t h = 0; h < H; ++h) rope.Apply(q.data() + (r * H + h) * D + D - rd, row_pos_[r], false);
+  ParallelFor(r1 - r0, (r1 - r0) * H * D > (int64_t{1} << 16), [&](int64_t i) {
+    for (int64_t h = 0; h < H; ++h) rope.Apply(q.data() + ((r0 + i) * H + h) * D + D - rd, row_pos_[r0 + i], false);
+  });
   std::vector<uint16_t>& kvb = Zeroed(ws_.kvb, n * D);
   for (int64_t i = 0; i < n * D; ++i) kvb[i] = FloatToBf16(kv[i]);
 
