@@ -1,6 +1,7 @@
 // The fast CPU forms of the forward pass's non-linear operators
 // (kernels/cpu/cpu_ops.h: LinearF32, Router, the mHC mixes / collapse /
-// expand, SLEEF's exp, sparse attention, the indexer scores) against the
+// expand, SLEEF's exp, the experts' SwiGLU steps, sparse attention, the
+// indexer scores) against the
 // scalar reference operators: bit-identical outputs on random inputs and
 // special values, on every dispatch target this CPU supports.
 #include <gtest/gtest.h>
@@ -162,6 +163,64 @@ TEST(CpuKernels, SleefExpfRowBitIdentical) {
           << "n=" << n;
     }
   });
+}
+
+// The experts' SwiGLU around the exp (SwiGluClamp, SwiGluAct) against the
+// scalar loops they replaced, on values at and past the limit, ±0, ±Inf, NaN,
+// subnormals and huge values; lengths around the vector width; no limit
+// (lim <= 0) and with / without a route weight. NaN where the scalar code
+// gives NaN (payloads are not specified), every other output the same bits.
+TEST(CpuKernels, SwiGluStepsBitIdentical) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 6.0f);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> special = {0.0f, -0.0f, 10.0f, -10.0f, std::nextafter(10.0f, 11.0f),
+                                      std::nextafter(-10.0f, -11.0f), 0.5f, -0.5f, inf, -inf, nan, -nan,
+                                      std::numeric_limits<float>::denorm_min(), 1e30f, -1e30f, 88.0f, -88.0f,
+                                      -104.0f, std::numeric_limits<float>::max()};
+  const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (std::isnan(a[i]) != std::isnan(b[i])) return false;
+      if (!std::isnan(a[i]) && FloatBits(a[i]) != FloatBits(b[i])) return false;
+    }
+    return true;
+  };
+  for (int64_t n : {1, 7, 8, 16, 17, 31, 64, 515}) {
+    std::vector<float> g0(static_cast<size_t>(n)), u0(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      g0[static_cast<size_t>(i)] = (i % 5 == 0) ? special[static_cast<size_t>(i / 5) % special.size()] : nd(rng);
+      u0[static_cast<size_t>(i)] = (i % 7 == 3) ? special[static_cast<size_t>(i / 7 + 3) % special.size()] : nd(rng);
+    }
+    for (float lim : {10.0f, 0.5f, 0.0f, -1.0f}) {
+      for (const float* w : {static_cast<const float*>(nullptr), &special[6], &special[12]}) {
+        // The scalar code (model/v41/kernels.h SwiGlu before vectorising).
+        std::vector<float> wg = g0, wu = u0, wn(static_cast<size_t>(n));
+        for (size_t i = 0; i < wg.size(); ++i) {
+          float u = wu[i], g = wg[i];
+          if (lim > 0) {
+            u = std::min(std::max(u, -lim), lim);
+            g = std::min(g, lim);
+          }
+          wu[i] = u;
+          wg[i] = g;
+          wn[i] = ref::SleefExpf(-g);
+        }
+        for (size_t i = 0; i < wg.size(); ++i) {
+          float a = (wg[i] / (1.0f + wn[i])) * wu[i];
+          if (w) a = *w * a;
+          wg[i] = RoundBf16(a);
+        }
+        ForEachTarget([&] {
+          std::vector<float> gg = g0, gu = u0, gn(static_cast<size_t>(n));
+          SwiGluClamp(gg.data(), gu.data(), gn.data(), n, lim);
+          EXPECT_TRUE(same(gu, wu)) << "n " << n << " lim " << lim;
+          SleefExpfRow(gn.data(), n, gn.data());
+          SwiGluAct(gg.data(), gu.data(), gn.data(), n, w);
+          EXPECT_TRUE(same(gg, wg)) << "n " << n << " lim " << lim << " w " << (w ? *w : 0.0f);
+        });
+      }
+    }
+  }
 }
 
 TEST(CpuKernels, SparseAttentionBitIdentical) {

@@ -230,6 +230,16 @@ void HcExpand(const float* v, const float* X, const float* post, const float* co
               float* Xout);
 // y[i] = ref::SleefExpf(x[i]), vectorised (bit-identical on every input).
 void SleefExpfRow(const float* x, int64_t n, float* y);
+// The experts' SwiGLU steps around the exp (model/v41/kernels.h SwiGlu,
+// Expert.forward, model-spec §3.3.5), elementwise over n floats, each the
+// scalar code's operations in its order (bit-identical on every target; a
+// NaN stays a NaN, its payload is not specified). swiglu.cc.
+// SwiGluClamp: when lim > 0, up[i] = std::min(std::max(up[i], -lim), lim)
+// and gate[i] = std::min(gate[i], lim); then neg[i] = -gate[i].
+void SwiGluClamp(float* gate, float* up, float* neg, int64_t n, float lim);
+// SwiGluAct: a = (gate[i] / (1 + e[i]))·up[i] (e[i] = exp(-gate[i])), a = *w·a
+// when w is not null, gate[i] = RoundBf16(a).
+void SwiGluAct(float* gate, const float* up, const float* e, int64_t n, const float* w);
 
 // Lightning-indexer scores of one query row (model-spec indexer; the
 // reference's score formula), bit-identical to the scalar loop

