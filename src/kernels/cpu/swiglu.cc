@@ -12,6 +12,8 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <algorithm>
+
 #include "format/numerics.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/hwy_util-inl.h"
