@@ -1,6 +1,7 @@
 // Router and mHC mixes with their long dot products on the fast kernels
 // (cpu_ops.h "non-GEMM ops"). The per-row tails are the reference's code
-// (kernels/ref/ref_ops.cc) verbatim; only the logits / mixes matmul moved.
+// (kernels/ref/ref_ops.cc; the mHC one is ref::HcMixesTail itself); only the
+// logits / mixes matmul moved.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "format/numerics.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ref/ref_math.h"
+#include "kernels/ref/ref_ops.h"
 
 namespace deepinfer::cpu {
 
@@ -68,44 +70,8 @@ void HcMixes(const float* X, int64_t M, int hc, int64_t d, const PackedF32& fn, 
     for (int64_t i = 0; i < flat; ++i) sq[i] = f[i] * f[i];
     const float rsq = 1.0f / std::sqrt(ref::TorchSum(sq.data(), flat) / static_cast<float>(flat) + norm_eps);
     for (int64_t j = 0; j < mix; ++j) mixes[j] = dots[r * mix + j] * rsq;
-    float* pr = pre + r * hc;
-    float* po = post + r * hc;
-    for (int j = 0; j < hc; ++j) {
-      const bool vec = j < sig_vec[r];
-      pr[j] = ref::TorchSigmoid(mixes[j] * scale[0] + base[j], vec) + hc_eps;
-      po[j] = 2.0f * ref::TorchSigmoid(mixes[hc + j] * scale[1] + base[hc + j], vec);
-    }
-    float* c = comb + r * hc * hc;
-    for (int j = 0; j < hc * hc; ++j) c[j] = mixes[2 * hc + j] * scale[2] + base[2 * hc + j];
-    for (int j = 0; j < hc; ++j) {
-      float mx = c[j * hc];
-      for (int k = 1; k < hc; ++k) mx = std::max(mx, c[j * hc + k]);
-      for (int k = 0; k < hc; ++k) c[j * hc + k] = ref::SleefExpf(c[j * hc + k] - mx);
-    }
-    auto row_sums = [&]() {
-      for (int j = 0; j < hc; ++j) rs[j] = ref::TorchSum(c + j * hc, hc);
-    };
-    auto col_sums = [&]() {
-      for (int k = 0; k < hc; ++k) {
-        float a = 0.0f;
-        for (int j = 0; j < hc; ++j) a += c[j * hc + k];
-        cs[k] = a;
-      }
-    };
-    row_sums();
-    for (int j = 0; j < hc; ++j)
-      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / rs[j] + hc_eps;
-    col_sums();
-    for (int j = 0; j < hc; ++j)
-      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
-    for (int it = 0; it < sinkhorn_iters - 1; ++it) {
-      row_sums();
-      for (int j = 0; j < hc; ++j)
-        for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (rs[j] + hc_eps);
-      col_sums();
-      for (int j = 0; j < hc; ++j)
-        for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
-    }
+    ref::HcMixesTail(mixes.data(), hc, base, scale, sinkhorn_iters, hc_eps, sig_vec[r], rs.data(), cs.data(),
+                     pre + r * hc, post + r * hc, comb + r * hc * hc);
   });
 }
 

@@ -270,6 +270,47 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
 
 // ------------------------------------------------------------------ mHC
 
+void HcMixesTail(const float* mixes, int hc, const float* base, const float* scale, int sinkhorn_iters, float hc_eps,
+                 int32_t sig_vec, float* rs, float* cs, float* pre, float* post, float* comb) {
+  for (int j = 0; j < hc; ++j) {
+    const bool vec = j < sig_vec;
+    pre[j] = TorchSigmoid(mixes[j] * scale[0] + base[j], vec) + hc_eps;
+    post[j] = 2.0f * TorchSigmoid(mixes[hc + j] * scale[1] + base[hc + j], vec);
+  }
+  float* c = comb;
+  for (int j = 0; j < hc * hc; ++j) c[j] = mixes[2 * hc + j] * scale[2] + base[2 * hc + j];
+  // softmax over k (exp via torch.exp → SLEEF on every element), + eps
+  for (int j = 0; j < hc; ++j) {
+    float mx = c[j * hc];
+    for (int k = 1; k < hc; ++k) mx = std::max(mx, c[j * hc + k]);
+    for (int k = 0; k < hc; ++k) c[j * hc + k] = SleefExpf(c[j * hc + k] - mx);
+  }
+  auto row_sums = [&]() {
+    for (int j = 0; j < hc; ++j) rs[j] = TorchSum(c + j * hc, hc);
+  };
+  auto col_sums = [&]() {
+    for (int k = 0; k < hc; ++k) {
+      float a = 0.0f;
+      for (int j = 0; j < hc; ++j) a += c[j * hc + k];
+      cs[k] = a;
+    }
+  };
+  row_sums();
+  for (int j = 0; j < hc; ++j)
+    for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / rs[j] + hc_eps;
+  col_sums();
+  for (int j = 0; j < hc; ++j)
+    for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
+  for (int it = 0; it < sinkhorn_iters - 1; ++it) {
+    row_sums();
+    for (int j = 0; j < hc; ++j)
+      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (rs[j] + hc_eps);
+    col_sums();
+    for (int j = 0; j < hc; ++j)
+      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
+  }
+}
+
 void HcMixes(const float* X, int64_t M, int hc, int64_t d, const float* fn, const float* base,
              const float* scale, float norm_eps, int sinkhorn_iters, float hc_eps,
              const int32_t* sig_vec, float* pre, float* post, float* comb) {
@@ -289,45 +330,8 @@ void HcMixes(const float* X, int64_t M, int hc, int64_t d, const float* fn, cons
         for (int64_t i = 0; i < flat; ++i) acc += f[i] * w[i];
         mixes[j] = acc * rsq;
       }
-      float* pr = pre + r * hc;
-      float* po = post + r * hc;
-      for (int j = 0; j < hc; ++j) {
-        const bool vec = j < sig_vec[r];
-        pr[j] = TorchSigmoid(mixes[j] * scale[0] + base[j], vec) + hc_eps;
-        po[j] = 2.0f * TorchSigmoid(mixes[hc + j] * scale[1] + base[hc + j], vec);
-      }
-      float* c = comb + r * hc * hc;
-      for (int j = 0; j < hc * hc; ++j) c[j] = mixes[2 * hc + j] * scale[2] + base[2 * hc + j];
-      // softmax over k (exp via torch.exp → SLEEF on every element), + eps
-      for (int j = 0; j < hc; ++j) {
-        float mx = c[j * hc];
-        for (int k = 1; k < hc; ++k) mx = std::max(mx, c[j * hc + k]);
-        for (int k = 0; k < hc; ++k) c[j * hc + k] = SleefExpf(c[j * hc + k] - mx);
-      }
-      auto row_sums = [&]() {
-        for (int j = 0; j < hc; ++j) rs[j] = TorchSum(c + j * hc, hc);
-      };
-      auto col_sums = [&]() {
-        for (int k = 0; k < hc; ++k) {
-          float a = 0.0f;
-          for (int j = 0; j < hc; ++j) a += c[j * hc + k];
-          cs[k] = a;
-        }
-      };
-      row_sums();
-      for (int j = 0; j < hc; ++j)
-        for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / rs[j] + hc_eps;
-      col_sums();
-      for (int j = 0; j < hc; ++j)
-        for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
-      for (int it = 0; it < sinkhorn_iters - 1; ++it) {
-        row_sums();
-        for (int j = 0; j < hc; ++j)
-          for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (rs[j] + hc_eps);
-        col_sums();
-        for (int j = 0; j < hc; ++j)
-          for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
-      }
+      HcMixesTail(mixes.data(), hc, base, scale, sinkhorn_iters, hc_eps, sig_vec[r], rs.data(), cs.data(),
+                  pre + r * hc, post + r * hc, comb + r * hc * hc);
     }
   }
 }

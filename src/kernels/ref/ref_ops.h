@@ -146,6 +146,12 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
 void HcMixes(const float* X, int64_t M, int hc, int64_t d, const float* fn, const float* base,
              const float* scale, float norm_eps, int sinkhorn_iters, float hc_eps,
              const int32_t* sig_vec, float* pre, float* post, float* comb);
+// HcMixes of one row from its mixes m [(2+hc)·hc] (already (F·f)·ρ): pre [hc],
+// post [hc], comb [hc, hc] as above; sig_vec is the row's count; rs and cs are
+// scratch of hc floats each. Shared by HcMixes and cpu::HcMixes (which forms
+// m with its fast kernel), so both run this arithmetic from one source.
+void HcMixesTail(const float* mixes, int hc, const float* base, const float* scale, int sinkhorn_iters, float hc_eps,
+                 int32_t sig_vec, float* rs, float* cs, float* pre, float* post, float* comb);
 
 // Collapse x[m] = BF16(Σ_j pre[m, j]·X[m, j]) in FP32, j ascending. x [M, d].
 void HcCollapse(const float* X, const float* pre, int64_t M, int hc, int64_t d, float* x);

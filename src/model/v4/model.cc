@@ -815,25 +815,14 @@ void Pass::Moe(int l, const float* x, float* v, V4Debug::Layer* dbg) {
     std::vector<float>& up = Zeroed(tl_moe.up, m * I);
     lin1(xin, m, gt.data());
     lin3(xin, m, up.data());
-    // silu(g)·u as ref::TorchSilu: g / (1 + SleefExpf(−g)), the exps of the
-    // whole block by cpu::SleefExpfRow (bit-identical to ref::SleefExpf).
+    // silu(g)·u as ref::TorchSilu: g / (1 + SleefExpf(−g)); the clamps and
+    // products by cpu::SwiGluClamp / SwiGluAct, the exps of the whole block by
+    // cpu::SleefExpfRow (all bit-identical to the scalar loops).
     float* e = Zeroed(tl_moe.e, m * I).data();
-    for (int64_t i = 0; i < m * I; ++i) {
-      float u = up[i], g = gt[i];
-      if (lim > 0) {
-        u = std::min(std::max(u, -lim), lim);
-        g = std::min(g, lim);
-      }
-      up[i] = u;
-      gt[i] = g;
-      e[i] = -g;
-    }
+    cpu::SwiGluClamp(gt.data(), up.data(), e, m * I, lim);
     cpu::SleefExpfRow(e, m * I, e);
-    for (int64_t i = 0; i < m * I; ++i) {
-      float a = (gt[i] / (1.0f + e[i])) * up[i];
-      if (rw) a = rw[i / I] * a;
-      gt[i] = RoundBf16(a);
-    }
+    for (int64_t r = 0; r < m; ++r)
+      cpu::SwiGluAct(gt.data() + r * I, up.data() + r * I, e + r * I, I, rw ? rw + r : nullptr);
     lin2(gt.data(), m, out);
   };
   // Expert e's rows (ascending row, then route slot), with their route
