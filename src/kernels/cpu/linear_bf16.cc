@@ -373,7 +373,7 @@ void RunBf16Items(const QArgs& a, int64_t item0, int64_t item1) {
 }
 
 // Per-target entry: for the block path the activations are packed first
-// (hwy_util-inl.h PackActGroupsPairs, on the caller's thread).
+// (hwy_util-inl.h PackActGroupsPairs, over the team).
 void RunBf16Call(QArgs& a) {
   if constexpr (kUseBlockGemm) {
     if (Bf16BlockPath(a)) {
