@@ -20,6 +20,9 @@ assert j["triad_gbps"] > 0, "triad_gbps"
 assert j["gemv"] and all(g["fraction_of_triad"] > 0 and g["gbps"] > 0 for g in j["gemv"]), "gemv"
 assert {g["format"] for g in j["gemv"]} >= {"fp8", "fp4", "bf16"}, "gemv formats"
 assert j["gemm"] and all(g["fraction_of_sgemm"] > 0 and g["M"] == 64 for g in j["gemm"]), "gemm"
+# --reps 1: one sgemm / kernel pair per case, and the fraction is that pair's ratio.
+assert all(len(g["pair_fractions"]) == 1 and g["fraction_of_sgemm"] == g["pair_fractions"][0]
+           for g in j["gemm"]), "gemm pair fractions"
 assert j["machine"]["dispatch_target"], "target"
 PY
 if command -v gnuplot >/dev/null; then [ -s "$TMP/k.png" ] || fail "no PNG"; fi

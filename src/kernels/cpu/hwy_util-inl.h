@@ -489,8 +489,8 @@ HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int6
           // registers. Through WithVMT's generic lambda each micro-tile was a
           // call that first reloaded ~20 captured values, and with 384 FMAs
           // per call that start-up showed: measured (Zen 5, AVX2, N = 2304,
-          // K = 5120, one thread, the two builds alternated) FP8 M = 512
-          // 0.87-0.96 -> 0.91-0.99 of sgemm, 2 threads M = 256 +8% (FP8, FP4).
+          // K = 5120, M = 256 / 1 024, one and two threads, the two builds
+          // alternated) FP8 and FP4 +4-7% (docs/kernels-log.md).
           HWY_UNROLL(4)
           for (int c = 0; c < static_cast<int>(kTileRows / kRows); ++c)
             BlockMicro<V, MT, MT, kMode>(wbuf + c * kRows, kl, swbuf + c * kRows, qg, sag, kblocks, accg + c * kRows);
