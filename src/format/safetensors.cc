@@ -379,6 +379,21 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::Open(const std::filesystem::pa
   return f;
 }
 
+void PrefaultMapped(const void* p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return;
+  const long page_l = ::sysconf(_SC_PAGESIZE);
+  const uintptr_t page = page_l > 0 ? static_cast<uintptr_t>(page_l) : 4096;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + bytes;
+#ifdef MADV_POPULATE_READ
+  if (::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ) == 0) return;
+#endif
+  // Older kernels (EINVAL) and anything else: touch one byte per page.
+  volatile uint8_t sink = 0;
+  for (uintptr_t a = std::max(begin, reinterpret_cast<uintptr_t>(p)); a < end; a = (a / page + 1) * page)
+    sink = static_cast<uint8_t>(sink + *reinterpret_cast<const volatile uint8_t*>(a));
+}
+
 SafetensorsFile::~SafetensorsFile() {
   if (map_ && map_size_) ::munmap(map_, map_size_);
 }

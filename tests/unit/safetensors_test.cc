@@ -3,6 +3,10 @@
 // and sharded directories (model.safetensors.index.json).
 #include "format/safetensors.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -234,6 +238,42 @@ TEST(Safetensors, OpenMapsFile) {
   EXPECT_EQ(v[1], 2.0f);
   EXPECT_EQ(f->tensors()[0].file, "m.safetensors");
   EXPECT_EQ(f->file_size(), img.size());
+}
+
+// Whether the page holding `addr` is present in this process's page table
+// (/proc/self/pagemap bit 63); -1 where pagemap cannot be read.
+int PagePresent(const void* addr) {
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  uint64_t e = 0;
+  const off_t off = static_cast<off_t>(reinterpret_cast<uintptr_t>(addr) / 4096 * 8);
+  const ssize_t n = ::pread(fd, &e, sizeof e, off);
+  ::close(fd);
+  return n == static_cast<ssize_t>(sizeof e) ? static_cast<int>(e >> 63) : -1;
+}
+
+TEST(Safetensors, PrefaultMappedMapsPagesAndKeepsBytes) {
+  TempDir d;
+  // One 32 MiB tensor: its far pages are not mapped by opening the file (the
+  // header parse reads the first pages; a fault maps at most a large folio
+  // around it, up to 2 MiB).
+  std::string w(32 << 20, '\0');
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<char>((i * 131 + 7) & 0xFF);
+  WriteFile(d / "m.safetensors", SafetensorsImage({{"t", "I8", {static_cast<int64_t>(w.size())}, w}}));
+  auto f = SafetensorsFile::Open(d / "m.safetensors");
+  const uint8_t* t = f->tensors()[0].data;
+  PrefaultMapped(nullptr, 100);  // no-ops
+  PrefaultMapped(t, 0);
+  // An unaligned range far into the tensor: every page it touches becomes present.
+  const uint8_t* a = t + (24 << 20) + 123;
+  const size_t len = (256 << 10) + 77;
+  const int before = PagePresent(a + len / 2);
+  PrefaultMapped(a, len);
+  if (before < 0) GTEST_SKIP() << "/proc/self/pagemap not readable";
+  EXPECT_EQ(before, 0) << "the page was mapped before (the test would not show anything)";
+  for (size_t o = 0; o < len; o += 4096) EXPECT_EQ(PagePresent(a + o), 1) << "offset " << o;
+  EXPECT_EQ(PagePresent(a + len - 1), 1);
+  EXPECT_EQ(std::memcmp(t, w.data(), w.size()), 0);
 }
 
 TEST(Safetensors, OpenErrorsNameThePath) {

@@ -202,6 +202,9 @@ void BindLayer(const Binder& b, const ModelConfig& c, const std::string& p, cons
     G.row_begin = G.rows * shard_rank / shard_size;
     G.row_end = G.rows * (shard_rank + 1) / shard_size;
     w->bytes.engram_rows += (G.row_end - G.row_begin) * (hd + hd / 32);
+    // Read at random rows every step: mapped now, not one fault per new row.
+    PrefaultMapped(G.table + G.row_begin * hd, static_cast<size_t>((G.row_end - G.row_begin) * hd));
+    PrefaultMapped(G.table_scale + G.row_begin * (hd / 32), static_cast<size_t>((G.row_end - G.row_begin) * (hd / 32)));
     if (b.ieee()) {  // transformed on lookup (weights.h); this rank's rows' scales are checked here
       G.halve_codes = true;
       b.CheckRaisable(p + "engram.embed.scale", G.table_scale + G.row_begin * (hd / 32),
@@ -234,6 +237,7 @@ std::unique_ptr<ModelWeights> ModelWeights::Bind(const TensorStore& store, const
   Binder b(store, c, w.get());
   const int64_t d = c.dim;
   w->embed = b.Bf16("embed.weight", c.vocab_size, d);
+  PrefaultMapped(w->embed.data, static_cast<size_t>(c.vocab_size * d) * 2);  // a row per token, at random
   w->head = b.Bf16("head.weight", c.vocab_size, d);
   w->norm = b.Bf16("norm.weight", d, -1);
   w->layers.resize(c.n_layers);
@@ -352,6 +356,7 @@ void ModelWeights::BindDspark(const TensorStore& store, const ModelConfig& c) {
   const std::string p = fmt::format("mtp.{}.", last);
   dspark.norm = b.Bf16(p + "norm.weight", d, -1);
   dspark.markov_embed = b.Bf16(p + "markov_head.embed.weight", c.vocab_size, R);
+  PrefaultMapped(dspark.markov_embed.data, static_cast<size_t>(c.vocab_size * R) * 2);  // a row per drafted token
   dspark.markov_head = b.Bf16(p + "markov_head.head.weight", c.vocab_size, R);
   dspark.confidence_proj = b.Bf16(p + "confidence_head.proj.weight", 1, d + R);
   if (packed_for_cpu) {
