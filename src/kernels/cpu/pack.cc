@@ -10,6 +10,8 @@
 #include <cstring>
 #include <new>
 
+#include <sys/mman.h>
+
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/linear_common.h"
 #include "format/numerics.h"
@@ -20,9 +22,28 @@ void AlignedFree::operator()(void* p) const { std::free(p); }
 
 void SetMinParallelMacs(int64_t macs) { g_min_parallel_macs = macs; }
 
+// Arrays of 2 MiB or more (the packed weights a decode step streams, the
+// large scratch buffers) start on a 2 MiB boundary and their whole 4 KiB
+// pages are marked MADV_HUGEPAGE, so that with transparent huge pages in
+// `madvise` mode (Debian's default) they are backed by 2 MiB pages: one TLB
+// entry per 2 MiB instead of 512, and no 4 KiB page boundaries in a GEMV's
+// stream for the hardware prefetchers to stop at. The last partial 2 MiB of
+// an array is outside the marked range and stays in 4 KiB pages (no physical
+// memory past the array's end); the alignment costs address space only.
+// Measured (Zen 5 VM, FP8 GEMV 2304 × 5120 from DRAM, 12 copies of each
+// form in one process, alternated 15 times): 1.60× (AVX-512) / 1.14× (AVX2)
+// on one thread, 1.23× / 1.10× on two (docs/kernels-log.md, "Huge pages for
+// the packed weights"). Where THP is off (`never`) the hint does nothing.
 template <typename T>
 AlignedArray<T> AllocateAligned(size_t n) {
   const size_t bytes = ((n * sizeof(T) + 63) / 64) * 64;
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (bytes >= kHuge) {
+    void* p = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
+    if (p == nullptr) throw std::bad_alloc();
+    ::madvise(p, bytes / 4096 * 4096, MADV_HUGEPAGE);  // a hint: on failure the pages stay 4 KiB
+    return AlignedArray<T>(static_cast<T*>(p));
+  }
   void* p = std::aligned_alloc(64, bytes == 0 ? 64 : bytes);
   if (p == nullptr) throw std::bad_alloc();
   return AlignedArray<T>(static_cast<T*>(p));
