@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -56,6 +58,28 @@ TEST(CpuKernels, ReservedLinearScratchMakesLaterCallsAllocateNothing) {
     }
     EXPECT_EQ(allocs, 0u);
   });
+}
+
+// AllocateAligned: 64-byte alignment, 2 MiB from 2 MiB up (pack.cc: huge
+// pages for the packed weights), every byte writable, and sizes whose byte
+// count would wrap size_t (or come within 2 MiB of it) throw std::bad_alloc.
+TEST(CpuKernels, AllocateAlignedAlignsAndRefusesWrappingSizes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  for (const size_t n : {size_t{0}, size_t{1}, kHuge / 4 - 16, kHuge / 4, kHuge / 4 + 1, 3 * kHuge / 4 + 5}) {
+    AlignedArray<float> a = AllocateAligned<float>(n);
+    const auto addr = reinterpret_cast<uintptr_t>(a.get());
+    EXPECT_EQ(addr % 64, 0u) << n;
+    if (n * sizeof(float) >= kHuge) {
+      EXPECT_EQ(addr % kHuge, 0u) << n;
+    }
+    for (size_t i = 0; i < n; ++i) a[i] = static_cast<float>(i);
+    for (size_t i = 0; i < n; i += 4099) EXPECT_EQ(a[i], static_cast<float>(i));
+  }
+  EXPECT_THROW(AllocateAligned<uint8_t>(SIZE_MAX), std::bad_alloc);
+  EXPECT_THROW(AllocateAligned<uint8_t>(SIZE_MAX - 63), std::bad_alloc);
+  EXPECT_THROW(AllocateAligned<uint8_t>(SIZE_MAX - 64 - kHuge / 2), std::bad_alloc);
+  EXPECT_THROW(AllocateAligned<float>(SIZE_MAX / 4), std::bad_alloc);
+  EXPECT_THROW(AllocateAligned<uint16_t>(SIZE_MAX / 2 - 10), std::bad_alloc);
 }
 
 TEST(CpuKernels, TargetsIncludeBaseline) {

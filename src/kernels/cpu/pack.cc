@@ -6,6 +6,7 @@
 // weight by weight).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -37,6 +38,7 @@ void SetMinParallelMacs(int64_t macs) { g_min_parallel_macs = macs; }
 // the packed weights"). Where THP is off (`never`) the hint does nothing.
 template <typename T>
 AlignedArray<T> AllocateAligned(size_t n) {
+  if (n > (SIZE_MAX - 63) / sizeof(T)) throw std::bad_alloc();  // n·sizeof(T) rounded up would wrap
   const size_t bytes = ((n * sizeof(T) + 63) / 64) * 64;
   constexpr size_t kHuge = size_t{2} << 20;
   if (bytes >= kHuge) {
