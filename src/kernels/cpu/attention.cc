@@ -271,54 +271,70 @@ void Stats(const int32_t* slot, const AttnChunk* chunks, int nchunks, int64_t Hp
   hn::Store(sum_exp, df, w.sum + h0);
 }
 
-// P·V register tile: heads [h0, h0 + HT) × V vectors from d0, the keys read
-// from the BF16 rows, or (kTail: the tile holds the partial vector at D)
-// from the widened tails kvt (row stride tw, column 0 at d0).
+// P·V units: kPvGroup consecutive d tiles (the tiles whose BF16 keys share
+// a 64-byte line) × every head. A unit walks the chunks once; for each chunk
+// every register tile of the unit runs over the chunk's members, so a chunk's
+// key lines (64 members) are read from memory once and then from L1 by the
+// unit's other tiles. (Tile by tile over the whole list, each of the
+// 2·PvTilesH(H) tiles sharing a line re-read all n lines from L2 or L3.)
+constexpr int64_t kPvGroup = kPvStep >= 32 ? 1 : 32 / kPvStep;
+constexpr int64_t kPvTileFloats = kPvHT * kPvStep;  // one tile's running sums
+int64_t PvUnits(int64_t Dp) { return (PvTilesD(Dp) + kPvGroup - 1) / kPvGroup; }
+int64_t PvUnitAccFloats(int64_t H) { return kPvGroup * PvTilesH(H) * kPvTileFloats; }
+
+// One register tile, one chunk: heads [h0, h0 + HT) × V vectors from d0,
+// the partial sums part + pb·k (multiply, then add) over the chunk's
+// members in order, in registers, then acc = acc·rescale + part. The keys
+// come from the BF16 rows, or (kTail: the tile holds the partial vector at
+// D) from the widened tails kvt (row stride tw, column 0 at d0).
 template <int V, int HT, bool kTail>
-HWY_INLINE void PvTile(const AttnChunk* chunks, int nchunks, int64_t Hp, int64_t D, int64_t tw, int64_t h0,
-                       int64_t d0, const AttnScratch& w, float* out) {
+HWY_INLINE void PvChunk(const AttnChunk& ch, int c, int64_t Hp, int64_t tw, int64_t h0, int64_t d0,
+                        const AttnScratch& w, float* HWY_RESTRICT acc) {
   const DF df;
   const hn::RebindToUnsigned<DF> du;
   const hn::Rebind<uint16_t, DF> d16;
-  HWY_ALIGN float acc[HT * V * kLanes];
-  for (auto& a : acc) a = 0.0f;
-  for (int c = 0; c < nchunks; ++c) {
-    VF part[HT][V];
+  VF part[HT][V];
+  HWY_UNROLL(8)
+  for (int t = 0; t < HT; ++t) {
+    HWY_UNROLL(8)
+    for (int u = 0; u < V; ++u) part[t][u] = hn::Zero(df);
+  }
+  for (int i = ch.i0; i < ch.i1; ++i) {
+    const float* pbi = w.pb + i * Hp + h0;
+    VF k[V];
+    if constexpr (kTail) {
+      HWY_UNROLL(8)
+      for (int u = 0; u < V; ++u) k[u] = hn::Load(df, w.kvt + i * tw + u * kLanes);
+    } else {
+      const uint16_t* kr = w.kv[i] + d0;
+      HWY_UNROLL(8)
+      for (int u = 0; u < V; ++u)
+        k[u] = hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, kr + u * kLanes))));
+    }
     HWY_UNROLL(8)
     for (int t = 0; t < HT; ++t) {
+      const VF p = hn::Set(df, pbi[t]);
       HWY_UNROLL(8)
-      for (int u = 0; u < V; ++u) part[t][u] = hn::Zero(df);
-    }
-    for (int i = chunks[c].i0; i < chunks[c].i1; ++i) {
-      const float* pbi = w.pb + i * Hp + h0;
-      VF k[V];
-      if constexpr (kTail) {
-        HWY_UNROLL(8)
-        for (int u = 0; u < V; ++u) k[u] = hn::Load(df, w.kvt + i * tw + u * kLanes);
-      } else {
-        const uint16_t* kr = w.kv[i] + d0;
-        HWY_UNROLL(8)
-        for (int u = 0; u < V; ++u)
-          k[u] = hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, kr + u * kLanes))));
-      }
-      HWY_UNROLL(8)
-      for (int t = 0; t < HT; ++t) {
-        const VF p = hn::Set(df, pbi[t]);
-        HWY_UNROLL(8)
-        for (int u = 0; u < V; ++u) part[t][u] = hn::Add(part[t][u], hn::Mul(p, k[u]));
-      }
-    }
-    const float* r = w.rescale + c * Hp + h0;
-    HWY_UNROLL(8)
-    for (int t = 0; t < HT; ++t) {
-      const VF rv = hn::Set(df, r[t]);
-      HWY_UNROLL(8)
-      for (int u = 0; u < V; ++u) {
-        float* a = acc + (t * V + u) * kLanes;
-        hn::Store(hn::Add(hn::Mul(hn::Load(df, a), rv), part[t][u]), df, a);
-      }
+      for (int u = 0; u < V; ++u) part[t][u] = hn::Add(part[t][u], hn::Mul(p, k[u]));
     }
   }
+  const float* r = w.rescale + c * Hp + h0;
+  HWY_UNROLL(8)
+  for (int t = 0; t < HT; ++t) {
+    const VF rv = hn::Set(df, r[t]);
+    HWY_UNROLL(8)
+    for (int u = 0; u < V; ++u) {
+      float* a = acc + (t * V + u) * kLanes;
+      hn::Store(hn::Add(hn::Mul(hn::Load(df, a), rv), part[t][u]), df, a);
+    }
+  }
+}
+
+// out = bf16(acc / sum) for one register tile.
+template <int V, int HT>
+HWY_INLINE void PvStore(const float* HWY_RESTRICT acc, int64_t D, int64_t h0, int64_t d0, const AttnScratch& w,
+                        float* out) {
+  const DF df;
   for (int t = 0; t < HT; ++t) {
     const VF s = hn::Set(df, w.sum[h0 + t]);
     for (int u = 0; u < V; ++u) {
@@ -330,22 +346,45 @@ HWY_INLINE void PvTile(const AttnChunk* chunks, int nchunks, int64_t Hp, int64_t
   }
 }
 
-// Phase 3 for tiles [t0, t1) of PvTilesD(Dp) × PvTilesH(H), d-major (a
-// thread's consecutive tiles share keys).
-void Pv(const AttnChunk* chunks, int nchunks, int64_t H, int64_t Hp, int64_t D, int64_t Dp, int64_t t0, int64_t t1,
-        const AttnScratch& w, float* out) {
-  const int64_t th = PvTilesH(H), dt = PvTailStart(D, Dp);
-  for (int64_t t = t0; t < t1; ++t) {
-    const int64_t d0 = (t / th) * kPvStep, h0 = (t % th) * kPvHT;
-    const int vt = static_cast<int>(std::min<int64_t>(kPvV, (Dp - d0) / static_cast<int64_t>(kLanes)));
-    const int ht = static_cast<int>(std::min<int64_t>(kPvHT, H - h0));
-    WithVMT<kPvV, kPvHT>(vt, ht, [&](auto v, auto mt) {
-      constexpr int kV = decltype(v)::value, kHT = decltype(mt)::value;
-      if (d0 < dt) {
-        PvTile<kV, kHT, false>(chunks, nchunks, Hp, D, 0, h0, d0, w, out);
-      } else {
-        PvTile<kV, kHT, true>(chunks, nchunks, Hp, D, Dp - dt, h0, d0, w, out);
-      }
+// Phase 3 for units [u0, u1) of PvUnits(Dp); acc: PvUnitAccFloats(H) floats
+// of the calling thread (vector-aligned).
+void Pv(const AttnChunk* chunks, int nchunks, int64_t H, int64_t Hp, int64_t D, int64_t Dp, int64_t u0, int64_t u1,
+        const AttnScratch& w, float* acc, float* out) {
+  const int64_t th = PvTilesH(H), td = PvTilesD(Dp), dt = PvTailStart(D, Dp), tw = Dp - dt;
+  for (int64_t unit = u0; unit < u1; ++unit) {
+    const int64_t g0 = unit * kPvGroup, g1 = std::min(td, g0 + kPvGroup);
+    std::fill(acc, acc + (g1 - g0) * th * kPvTileFloats, 0.0f);
+    // Tile (g, j): d tile g, heads from j·kPvHT; its sums at acc + ((g - g0)·th + j)·kPvTileFloats.
+    auto each_tile = [&](auto&& f) {
+      for (int64_t g = g0; g < g1; ++g)
+        for (int64_t j = 0; j < th; ++j) f(g, j, acc + ((g - g0) * th + j) * kPvTileFloats);
+    };
+    for (int c = 0; c < nchunks; ++c) {
+      each_tile([&](int64_t g, int64_t j, float* a) {
+        const int64_t d0 = g * kPvStep, h0 = j * kPvHT;
+        const int vt = static_cast<int>(std::min<int64_t>(kPvV, (Dp - d0) / static_cast<int64_t>(kLanes)));
+        const int ht = static_cast<int>(std::min<int64_t>(kPvHT, H - h0));
+        if (vt == kPvV && ht == kPvHT && d0 < dt) {
+          PvChunk<kPvV, kPvHT, false>(chunks[c], c, Hp, 0, h0, d0, w, a);
+          return;
+        }
+        WithVMT<kPvV, kPvHT>(vt, ht, [&](auto v, auto mt) {
+          constexpr int kV = decltype(v)::value, kHT = decltype(mt)::value;
+          if (d0 < dt) {
+            PvChunk<kV, kHT, false>(chunks[c], c, Hp, 0, h0, d0, w, a);
+          } else {
+            PvChunk<kV, kHT, true>(chunks[c], c, Hp, tw, h0, d0, w, a);
+          }
+        });
+      });
+    }
+    each_tile([&](int64_t g, int64_t j, float* a) {
+      const int64_t d0 = g * kPvStep, h0 = j * kPvHT;
+      const int vt = static_cast<int>(std::min<int64_t>(kPvV, (Dp - d0) / static_cast<int64_t>(kLanes)));
+      const int ht = static_cast<int>(std::min<int64_t>(kPvHT, H - h0));
+      WithVMT<kPvV, kPvHT>(vt, ht, [&](auto v, auto mt) {
+        PvStore<decltype(v)::value, decltype(mt)::value>(a, D, h0, d0, w, out);
+      });
     });
   }
 }
@@ -373,8 +412,8 @@ namespace deepinfer::cpu {
 HWY_EXPORT(Scores);
 HWY_EXPORT(Stats);
 HWY_EXPORT(Pv);
-HWY_EXPORT(PvTilesD);
-HWY_EXPORT(PvTilesH);
+HWY_EXPORT(PvUnits);
+HWY_EXPORT(PvUnitAccFloats);
 HWY_EXPORT(PvTailStart);
 HWY_EXPORT(LanesF32);
 HWY_EXPORT(ExpRow);
@@ -404,7 +443,8 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
   auto* pv = HWY_DYNAMIC_DISPATCH(Pv);
   const int64_t L = HWY_DYNAMIC_DISPATCH(LanesF32)();
   const int64_t Hp = ((H + L - 1) / L) * L, Dp = ((D + L - 1) / L) * L;
-  const int64_t tiles = HWY_DYNAMIC_DISPATCH(PvTilesD)(Dp) * HWY_DYNAMIC_DISPATCH(PvTilesH)(H);
+  const int64_t units = HWY_DYNAMIC_DISPATCH(PvUnits)(Dp);
+  const int64_t unit_acc = HWY_DYNAMIC_DISPATCH(PvUnitAccFloats)(H);
   // Scratch sized for n rounded up to kRowStep candidates (and the chunks of
   // list_len rounded the same way): n grows by one per decode step until the
   // window and top-k are full, and a buffer sized exactly would reallocate
@@ -457,14 +497,15 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
   const bool par = static_cast<int64_t>(n) * D * H >= (int64_t{1} << 16) && omp_get_level() == 0;
 #pragma omp parallel if (par)
   {
-    thread_local GrowBuf kb_buf;  // each thread's widened score block
+    thread_local GrowBuf kb_buf, acc_buf;  // each thread's widened score block and P·V sums
     float* kb = kb_buf.Get(kScoreBlock * Dp);
+    float* acc = acc_buf.Get(unit_acc);
 #pragma omp for schedule(static)
     for (int i0 = 0; i0 < n; i0 += kScoreBlock) scores(D, Dp, Hp, i0, std::min(n, i0 + kScoreBlock), kb, w);
 #pragma omp for schedule(static)
     for (int64_t v = 0; v < Hp / L; ++v) stats(slot, ch, nchunks, Hp, v, softmax_scale, w);
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) pv(ch, nchunks, H, Hp, D, Dp, t, t + 1, w, out);
+    for (int64_t u = 0; u < units; ++u) pv(ch, nchunks, H, Hp, D, Dp, u, u + 1, w, acc, out);
   }
 }
 
