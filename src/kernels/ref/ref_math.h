@@ -56,4 +56,30 @@ float TorchSilu(float x);
 // Torch's softplus (beta 1, threshold 20) on the vectorised path.
 float TorchSoftplus(float x);
 
+// The Sinkhorn normalisation of hc_split_sinkhorn (model-spec §3.3.3) on the
+// mHC combination matrix c [hc, hc] (row-major, after its row softmax):
+// c = c / row_sum + eps, then c = c / (col_sum + eps), then sinkhorn_iters − 1
+// rounds of c = c / (row_sum + eps), c = c / (col_sum + eps). The references
+// add the sums in different orders (V4.1: torch.sum; V4: the kernel's loop),
+// so the caller passes them: row_sums() fills rs [hc] and col_sums() fills
+// cs [hc] from the current c. Pure FP32 division and addition, in this order.
+template <typename RowSums, typename ColSums>
+void SinkhornNormalize(float* c, int hc, int sinkhorn_iters, float eps, const float* rs, const float* cs,
+                       RowSums&& row_sums, ColSums&& col_sums) {
+  row_sums();
+  for (int j = 0; j < hc; ++j)
+    for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / rs[j] + eps;
+  col_sums();
+  for (int j = 0; j < hc; ++j)
+    for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + eps);
+  for (int it = 0; it < sinkhorn_iters - 1; ++it) {
+    row_sums();
+    for (int j = 0; j < hc; ++j)
+      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (rs[j] + eps);
+    col_sums();
+    for (int j = 0; j < hc; ++j)
+      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + eps);
+  }
+}
+
 }  // namespace deepinfer::ref

@@ -295,20 +295,7 @@ void HcMixesTail(const float* mixes, int hc, const float* base, const float* sca
       cs[k] = a;
     }
   };
-  row_sums();
-  for (int j = 0; j < hc; ++j)
-    for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / rs[j] + hc_eps;
-  col_sums();
-  for (int j = 0; j < hc; ++j)
-    for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
-  for (int it = 0; it < sinkhorn_iters - 1; ++it) {
-    row_sums();
-    for (int j = 0; j < hc; ++j)
-      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (rs[j] + hc_eps);
-    col_sums();
-    for (int j = 0; j < hc; ++j)
-      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
-  }
+  SinkhornNormalize(c, hc, sinkhorn_iters, hc_eps, rs, cs, row_sums, col_sums);
 }
 
 void HcMixes(const float* X, int64_t M, int hc, int64_t d, const float* fn, const float* base,

@@ -290,20 +290,7 @@ void HcSplitRow(float* mixes, int hc, const float* base, const float* scale, int
       cs[k] = a;
     }
   };
-  row_sums();
-  for (int j = 0; j < hc; ++j)
-    for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / rs[j] + hc_eps;
-  col_sums();
-  for (int j = 0; j < hc; ++j)
-    for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
-  for (int it = 0; it < sinkhorn_iters - 1; ++it) {
-    row_sums();
-    for (int j = 0; j < hc; ++j)
-      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (rs[j] + hc_eps);
-    col_sums();
-    for (int j = 0; j < hc; ++j)
-      for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / (cs[k] + hc_eps);
-  }
+  ref::SinkhornNormalize(c, hc, sinkhorn_iters, hc_eps, rs, cs, row_sums, col_sums);
 }
 
 // ρ of one row: 1/sqrt(mean(f²) + eps), torch's sum order; sq [flat] scratch.
