@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <new>
 #include <random>
@@ -81,6 +82,54 @@ TEST(CpuKernels, AllocateAlignedAlignsAndRefusesWrappingSizes) {
   EXPECT_THROW(AllocateAligned<uint8_t>(SIZE_MAX - 62), std::bad_alloc);
   EXPECT_THROW(AllocateAligned<float>(SIZE_MAX / 4), std::bad_alloc);
   EXPECT_THROW(AllocateAligned<uint16_t>(SIZE_MAX / 2 - 10), std::bad_alloc);
+}
+
+// Arrays of 2 MiB or more are mappings of their own, cut to the array: no
+// address space is kept for the 2 MiB alignment (posix_memalign kept up to
+// 2 MiB per array mapped), the mapping ends at the array's last page, and
+// freeing unmaps it.
+TEST(CpuKernels, AllocateAlignedMapsLargeArraysWithoutSlack) {
+  constexpr size_t kHuge = size_t{2} << 20, kPage = 4096;
+  auto vm_size_kb = [] {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("VmSize:", 0) == 0) return std::stoll(line.substr(7));
+    return -1LL;
+  };
+  auto mapping_end = [](uintptr_t addr) -> uintptr_t {  // end of the /proc/self/maps line holding addr
+    std::ifstream f("/proc/self/maps");
+    std::string line;
+    while (std::getline(f, line)) {
+      const size_t dash = line.find('-'), space = line.find(' ');
+      const uintptr_t lo = std::stoull(line.substr(0, dash), nullptr, 16);
+      const uintptr_t hi = std::stoull(line.substr(dash + 1, space - dash - 1), nullptr, 16);
+      if (addr >= lo && addr < hi) return hi;
+    }
+    return 0;
+  };
+  constexpr int kArrays = 32;
+  const size_t n = kHuge + 100;  // bytes: 2 MiB + 100, so 2 MiB + 4 KiB mapped
+  const long long before = vm_size_kb();
+  ASSERT_GT(before, 0);
+  std::vector<AlignedArray<uint8_t>> arrays;
+  for (int i = 0; i < kArrays; ++i) arrays.push_back(AllocateAligned<uint8_t>(n));
+  const long long grown = vm_size_kb() - before;
+  // 32 × (2 MiB + 4 KiB) = 65 664 KiB; posix_memalign's form took ~4 MiB each (131 072 KiB).
+  EXPECT_GE(grown, kArrays * static_cast<long long>((kHuge + kPage) / 1024));
+  // (16 MiB of slack for the test's own heap, e.g. a sanitizer allocator's regions.)
+  EXPECT_LE(grown, kArrays * static_cast<long long>((kHuge + kPage) / 1024) + 16 * 1024);
+  for (auto& a : arrays) {
+    const auto addr = reinterpret_cast<uintptr_t>(a.get());
+    EXPECT_EQ(addr % kHuge, 0u);
+    EXPECT_EQ(mapping_end(addr), addr + kHuge + kPage);  // the tail past the array's last page is unmapped
+    std::memset(a.get(), 0x5A, n);
+    EXPECT_EQ(a[n - 1], 0x5A);
+  }
+  const uintptr_t first = reinterpret_cast<uintptr_t>(arrays[0].get());
+  arrays.clear();
+  EXPECT_EQ(mapping_end(first), 0u);  // unmapped when freed
+  EXPECT_LE(vm_size_kb() - before, 16 * 1024);
 }
 
 TEST(CpuKernels, TargetsIncludeBaseline) {

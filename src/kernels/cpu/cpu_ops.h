@@ -60,7 +60,11 @@ namespace deepinfer::cpu {
 // rows; rows past `out` are zero padding whose results are discarded.
 inline constexpr int64_t kTileRows = 64;
 
-// 64-byte aligned heap array (the packed weights).
+// 64-byte aligned heap array (the packed weights and the large scratch
+// buffers). AllocateAligned(n): n elements, uninitialised below 2 MiB; from
+// 2 MiB an anonymous mapping of its own (zero-filled) starting on a 2 MiB
+// boundary with MADV_HUGEPAGE (pack.cc); std::bad_alloc when the size
+// overflows or the memory cannot be had. AlignedFree frees either kind.
 struct AlignedFree {
   void operator()(void* p) const;
 };
