@@ -240,8 +240,13 @@ TEST(CpuKernels, SparseAttentionBitIdentical) {
     for (const Case& c : {Case{4, 128, 70, 3}, Case{16, 512, 200, 3}, Case{20, 72, 130, 3}, Case{1, 64, 5, 3},
                           Case{16, 512, 640, 0}, Case{17, 40, 1000, 4}, Case{3, 24, 71, 0}, Case{8, 8, 9, 2},
                           Case{33, 200, 575, 5}, Case{16, 520, 129, 3}, Case{5, 1, 64, 0}, Case{256, 512, 160, 3}}) {
-      // variant 0: BF16 queries (as the model's), 1: special values, 2: FP32 queries (inexact q·k products)
-      for (int variant = 0; variant < 3; ++variant) {
+      // variant 0: BF16 queries (as the model's), 1: special values, 2: FP32 queries (inexact q·k products),
+      // 3: in head 0 a product overflows after a large one of the other sign (multiplied then added the
+      // score is +inf, fused it is 2^126: the FMA guard must refuse those scores), 4: keys near the
+      // smallest normal BF16 and queries near 2^118 (ordinary scores, but pb·k underflows for the small
+      // probabilities: the guard must refuse those P·V chunks; the outputs' BF16 rounding hides most
+      // of such differences, so the guard's rule itself is checked in fma_exact_test)
+      for (int variant = 0; variant < 5; ++variant) {
         std::mt19937_64 rng(800 + c.H + variant);
         // Candidates at ascending slots with gaps; chunk 1 (slots 64..127) left empty when the list is long.
         std::vector<int32_t> slots;
@@ -270,6 +275,14 @@ TEST(CpuKernels, SparseAttentionBitIdentical) {
         }
         if (variant == 2)
           for (auto& v : q) v *= 1.1f;
+        if (variant == 3 && c.D >= 2) {
+          q[0] = 0x1.8p100f, q[1] = 0x1p100f;  // × -2^27 = -1.5·2^127, then × 2^28 = 2^128
+          for (int i = 0; i < n; ++i) rows[i * c.D] = FloatToBf16(-0x1p27f), rows[i * c.D + 1] = FloatToBf16(0x1p28f);
+        }
+        if (variant == 4) {
+          for (auto& r : rows) r = FloatToBf16(Bf16ToFloat(r) * 0x1p-118f);
+          for (auto& v : q) v *= 0x1p118f;
+        }
         const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
         std::vector<float> want(c.H * c.D);
         ref::SparseAttention(q.data(), c.H, c.D, kv.data(), slots.data(), n, c.list_len, sink.data(), scale,

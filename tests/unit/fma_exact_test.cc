@@ -128,6 +128,53 @@ TEST(FmaExact, Bf16TimesBf16SignificandPairsOverTheExponentRange) {
   EXPECT_GT(out_range_inexact, 1000);
 }
 
+// The sparse attention's form of the guard (exponent fields, a BF16
+// subnormal's field 0 counted as 1): every product it accepts is exact and
+// FMA == multiply then add, subnormal operands included; one step past
+// either edge it refuses, and there products do round or overflow.
+TEST(FmaExact, Bf16FieldsGuardHoldsForSubnormalsAndNormals) {
+  const std::vector<float> acc = Accumulators(5, 6);
+  // Operand sets by exponent field: all 127 positive BF16 subnormals (field
+  // 0), and every significand of a normal field f.
+  auto values = [](int field) {
+    std::vector<float> v;
+    for (int m = field == 0 ? 1 : 0; m < 128; ++m)
+      v.push_back(Bf16ToFloat(static_cast<uint16_t>((field << 7) | m)));
+    return v;
+  };
+  int64_t accepted = 0, bad = 0, refused_inexact = 0;
+  for (int fa : {0, 1, 2}) {
+    // Fields of b around the lower edge for this a: (max(fa,1) - 127) + (fb - 127) = -135 ± 2.
+    const int edge = 254 - 135 - std::max(fa, 1);
+    for (int fb = edge - 2; fb <= edge + 2; ++fb) {
+      const bool guard = cpu::Bf16FieldsProductsExact(fa == 0 ? 1 : fa, fa == 0 ? 1 : fa, fb, fb);
+      EXPECT_EQ(guard, fb >= edge) << fa << " " << fb;
+      for (float a : values(fa))
+        for (float b : values(fb)) {
+          const bool exact = ProductExact(a, b);
+          if (guard) {
+            ++accepted;
+            bool ok = exact;
+            for (float c : acc) ok = ok && FmaSameAsMulAdd(a, b, c);
+            bad += !ok;
+          } else {
+            refused_inexact += !exact;
+          }
+        }
+    }
+  }
+  // The upper edge: fields summing to 254 + 125 accepted, from one more refused (one margin step: at
+  // 254 + 127 a product overflows).
+  EXPECT_TRUE(cpu::Bf16FieldsProductsExact(200, 200, 179, 179));
+  EXPECT_FALSE(cpu::Bf16FieldsProductsExact(200, 200, 180, 180));
+  EXPECT_FALSE(std::isfinite(Bf16ToFloat(static_cast<uint16_t>((200 << 7) | 127)) *
+                             Bf16ToFloat(static_cast<uint16_t>((181 << 7) | 127))));
+  EXPECT_FALSE(cpu::Bf16FieldsProductsExact(100, 255, 100, 100));  // Inf / NaN
+  EXPECT_GT(accepted, 40000);
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(refused_inexact, 1000);
+}
+
 // Control: for general FP32 operands an FMA does differ, so the comparisons
 // above can fail.
 TEST(FmaExact, GeneralFp32ProductsDiffer) {

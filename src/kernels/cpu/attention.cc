@@ -28,6 +28,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -57,7 +58,20 @@ struct AttnScratch {
   float* rescale;      // [chunks][Hp]
   float* sum;          // [Hp]
   const float* sink;   // [Hp]
+  // FMA guard (see "Fused multiply-adds" below): biased FP32 exponents.
+  bool q_exact;        // every q element BF16-exact and finite
+  int32_t q_emin, q_emax;  // over q's nonzero elements (255 / 0 when none)
+  int32_t* k_emin;     // [n] per candidate row, over its nonzero elements (255 when none)
+  int32_t* k_emax;     // [n] (0 when none; 255: a non-finite element)
+  int32_t* pb_emin;    // [chunks][Hp / lanes] over the nonzero pb of a chunk and head vector; -1 if one is NaN
 };
+// Fused multiply-adds: q·k (BF16 × BF16) and pb·k (pb is BF16-rounded) have
+// at most 16 significant bits, so they are exact in FP32 unless they
+// underflow or overflow, and then an FMA gives the same bits as the
+// reference's multiply-then-add (docs/kernels.md, "FMAs"). The kernels track
+// the operands' exponent ranges and use FMAs where Bf16FieldsProductsExact
+// (linear_common.h) holds for them, multiplying then adding elsewhere (a
+// special value, an FP32 query, probabilities small enough to underflow).
 }  // namespace deepinfer::cpu
 #endif
 
@@ -193,7 +207,7 @@ int64_t PvTailStart(int64_t D, int64_t Dp) {
 // dots[(i0 + j)·Hp + h] for candidates j < NC, heads [h0, h0 + kLanes), the
 // keys k[j·Dp + d]: one accumulator per candidate (NC independent addition
 // chains), each lane summing q[h][d]·k[d] in increasing d.
-template <int NC>
+template <int NC, bool kFma>
 HWY_INLINE void ScoreBlock(const float* qt, int64_t Hp, int64_t D, int64_t Dp, const float* k, int i0, int64_t h0,
                            float* dots) {
   const DF df;
@@ -203,7 +217,13 @@ HWY_INLINE void ScoreBlock(const float* qt, int64_t Hp, int64_t D, int64_t Dp, c
   for (int64_t d = 0; d < D; ++d) {
     const VF qv = hn::Load(df, qt + d * Hp + h0);
     HWY_UNROLL(8)
-    for (int j = 0; j < NC; ++j) a[j] = hn::Add(a[j], hn::Mul(qv, hn::Set(df, k[j * Dp + d])));
+    for (int j = 0; j < NC; ++j) {
+      if constexpr (kFma) {
+        a[j] = hn::MulAdd(qv, hn::Set(df, k[j * Dp + d]), a[j]);
+      } else {
+        a[j] = hn::Add(a[j], hn::Mul(qv, hn::Set(df, k[j * Dp + d])));
+      }
+    }
   }
   HWY_UNROLL(8)
   for (int j = 0; j < NC; ++j) hn::Store(a[j], df, dots + (i0 + j) * Hp + h0);
@@ -218,26 +238,54 @@ void Scores(int64_t D, int64_t Dp, int64_t Hp, int i0, int i1, float* kb, const 
   const hn::RebindToUnsigned<DF> du;
   const hn::Rebind<uint16_t, DF> d16;
   const int64_t dt = PvTailStart(D, Dp), tw = Dp - dt;
+  const hn::RebindToSigned<DF> di;
+  int32_t bmin = 255, bmax = 0;  // the block's key exponent range
   for (int i = i0; i < i1; ++i) {
     const uint16_t* src = w.kv[i];
     float* row = kb + (i - i0) * Dp;
+    auto emin = hn::Set(di, 255), emax = hn::Zero(di);
     int64_t d = 0;
-    for (; d + static_cast<int64_t>(kLanes) <= D; d += kLanes)
-      hn::Store(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, src + d)))), df, row + d);
-    for (; d < D; ++d) row[d] = Bf16ToFloat(src[d]);
+    for (; d + static_cast<int64_t>(kLanes) <= D; d += kLanes) {
+      const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, src + d)));
+      hn::Store(hn::BitCast(df, bits), df, row + d);
+      const auto ib = hn::BitCast(di, bits);
+      const auto e = hn::And(hn::ShiftRight<23>(ib), hn::Set(di, 0xFF));
+      const auto nz = hn::Ne(hn::And(ib, hn::Set(di, 0x7FFFFFFF)), hn::Zero(di));
+      emin = hn::Min(emin, hn::IfThenElse(nz, hn::Max(e, hn::Set(di, 1)), hn::Set(di, 255)));
+      emax = hn::Max(emax, hn::IfThenElseZero(nz, e));
+    }
+    int32_t rmin = hn::GetLane(hn::MinOfLanes(di, emin)), rmax = hn::GetLane(hn::MaxOfLanes(di, emax));
+    for (; d < D; ++d) {
+      row[d] = Bf16ToFloat(src[d]);
+      const int32_t e = (src[d] >> 7) & 0xFF;
+      if ((src[d] & 0x7FFF) != 0) rmin = std::min(rmin, std::max(e, 1)), rmax = std::max(rmax, e);
+    }
     for (; d < Dp; ++d) row[d] = 0.0f;
     for (d = dt; d < Dp; ++d) w.kvt[i * tw + d - dt] = row[d];
+    w.k_emin[i] = rmin;
+    w.k_emax[i] = rmax;
+    bmin = std::min(bmin, rmin);
+    bmax = std::max(bmax, rmax);
   }
+  const bool fma = w.q_exact && Bf16FieldsProductsExact(w.q_emin, w.q_emax, bmin, bmax);
   for (int64_t h0 = 0; h0 < Hp; h0 += kLanes) {
-    switch (i1 - i0) {
-      case 8: ScoreBlock<8>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
-      case 7: ScoreBlock<7>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
-      case 6: ScoreBlock<6>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
-      case 5: ScoreBlock<5>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
-      case 4: ScoreBlock<4>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
-      case 3: ScoreBlock<3>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
-      case 2: ScoreBlock<2>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
-      default: ScoreBlock<1>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+    auto run = [&](auto fma_c) {
+      constexpr bool kF = decltype(fma_c)::value;
+      switch (i1 - i0) {
+        case 8: ScoreBlock<8, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+        case 7: ScoreBlock<7, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+        case 6: ScoreBlock<6, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+        case 5: ScoreBlock<5, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+        case 4: ScoreBlock<4, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+        case 3: ScoreBlock<3, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+        case 2: ScoreBlock<2, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+        default: ScoreBlock<1, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+      }
+    };
+    if (fma) {
+      run(std::true_type{});
+    } else {
+      run(std::false_type{});
     }
   }
 }
@@ -248,6 +296,7 @@ void Scores(int64_t D, int64_t Dp, int64_t Hp, int i0, int i1, float* kb, const 
 void Stats(const int32_t* slot, const AttnChunk* chunks, int nchunks, int64_t Hp, int64_t v, float softmax_scale,
            const AttnScratch& w) {
   const DF df;
+  const hn::RebindToSigned<DF> di;
   const int64_t h0 = v * static_cast<int64_t>(kLanes);
   const VF scale = hn::Set(df, softmax_scale);
   VF m = hn::Set(df, -1e30f), sum_exp = hn::Zero(df);
@@ -259,11 +308,20 @@ void Stats(const int32_t* slot, const AttnChunk* chunks, int nchunks, int64_t Hp
     const VF rescale = SleefExpfV(hn::Sub(m, m_new));
     hn::Store(rescale, df, w.rescale + c * Hp + h0);
     for (int32_t j = 0; j < ch.clen; ++j) hn::Store(hn::Zero(df), df, w.pt + j * Hp + h0);
+    auto emin = hn::Set(di, 255), emax = hn::Zero(di);
     for (int i = ch.i0; i < ch.i1; ++i) {
       const VF p = SleefExpfV(hn::Sub(hn::Mul(hn::Load(df, w.dots + i * Hp + h0), scale), m_new));
       hn::Store(p, df, w.pt + (slot[i] - ch.c0) * Hp + h0);
-      hn::Store(RoundBf16V(p), df, w.pb + i * Hp + h0);
+      const VF pb = RoundBf16V(p);
+      hn::Store(pb, df, w.pb + i * Hp + h0);
+      const auto ib = hn::BitCast(di, pb);
+      const auto e = hn::And(hn::ShiftRight<23>(ib), hn::Set(di, 0xFF));
+      const auto nz = hn::Ne(hn::And(ib, hn::Set(di, 0x7FFFFFFF)), hn::Zero(di));
+      emin = hn::Min(emin, hn::IfThenElse(nz, hn::Max(e, hn::Set(di, 1)), hn::Set(di, 255)));
+      emax = hn::Max(emax, hn::IfThenElseZero(nz, e));
     }
+    w.pb_emin[c * (Hp / static_cast<int64_t>(kLanes)) + v] =
+        hn::GetLane(hn::MaxOfLanes(di, emax)) < 255 ? hn::GetLane(hn::MinOfLanes(di, emin)) : -1;
     sum_exp = hn::Add(hn::Mul(sum_exp, rescale), TorchSumV(w.pt + h0, Hp, ch.clen));
     m = m_new;
   }
@@ -287,7 +345,7 @@ int64_t PvUnitAccFloats(int64_t H) { return kPvGroup * PvTilesH(H) * kPvTileFloa
 // members in order, in registers, then acc = acc·rescale + part. The keys
 // come from the BF16 rows, or (kTail: the tile holds the partial vector at
 // D) from the widened tails kvt (row stride tw, column 0 at d0).
-template <int V, int HT, bool kTail>
+template <int V, int HT, bool kTail, bool kFma>
 HWY_INLINE void PvChunk(const AttnChunk& ch, int c, int64_t Hp, int64_t tw, int64_t h0, int64_t d0,
                         const AttnScratch& w, float* HWY_RESTRICT acc) {
   const DF df;
@@ -315,7 +373,13 @@ HWY_INLINE void PvChunk(const AttnChunk& ch, int c, int64_t Hp, int64_t tw, int6
     for (int t = 0; t < HT; ++t) {
       const VF p = hn::Set(df, pbi[t]);
       HWY_UNROLL(8)
-      for (int u = 0; u < V; ++u) part[t][u] = hn::Add(part[t][u], hn::Mul(p, k[u]));
+      for (int u = 0; u < V; ++u) {
+        if constexpr (kFma) {
+          part[t][u] = hn::MulAdd(p, k[u], part[t][u]);
+        } else {
+          part[t][u] = hn::Add(part[t][u], hn::Mul(p, k[u]));
+        }
+      }
     }
   }
   const float* r = w.rescale + c * Hp + h0;
@@ -359,23 +423,41 @@ void Pv(const AttnChunk* chunks, int nchunks, int64_t H, int64_t Hp, int64_t D, 
       for (int64_t g = g0; g < g1; ++g)
         for (int64_t j = 0; j < th; ++j) f(g, j, acc + ((g - g0) * th + j) * kPvTileFloats);
     };
+    const int64_t nvec = Hp / static_cast<int64_t>(kLanes);
     for (int c = 0; c < nchunks; ++c) {
+      int32_t kmin = 255, kmax = 0;  // the chunk's key exponent range
+      for (int i = chunks[c].i0; i < chunks[c].i1; ++i) {
+        kmin = std::min(kmin, w.k_emin[i]);
+        kmax = std::max(kmax, w.k_emax[i]);
+      }
       each_tile([&](int64_t g, int64_t j, float* a) {
         const int64_t d0 = g * kPvStep, h0 = j * kPvHT;
         const int vt = static_cast<int>(std::min<int64_t>(kPvV, (Dp - d0) / static_cast<int64_t>(kLanes)));
         const int ht = static_cast<int>(std::min<int64_t>(kPvHT, H - h0));
-        if (vt == kPvV && ht == kPvHT && d0 < dt) {
-          PvChunk<kPvV, kPvHT, false>(chunks[c], c, Hp, 0, h0, d0, w, a);
-          return;
-        }
-        WithVMT<kPvV, kPvHT>(vt, ht, [&](auto v, auto mt) {
-          constexpr int kV = decltype(v)::value, kHT = decltype(mt)::value;
-          if (d0 < dt) {
-            PvChunk<kV, kHT, false>(chunks[c], c, Hp, 0, h0, d0, w, a);
-          } else {
-            PvChunk<kV, kHT, true>(chunks[c], c, Hp, tw, h0, d0, w, a);
+        int32_t pmin = 255;  // the tile's heads' pb range (-1: a NaN)
+        for (int64_t hv = h0 / static_cast<int64_t>(kLanes); hv <= (h0 + ht - 1) / static_cast<int64_t>(kLanes); ++hv)
+          pmin = std::min(pmin, w.pb_emin[c * nvec + hv]);
+        const bool fma = pmin >= 0 && Bf16FieldsProductsExact(pmin, 127, kmin, kmax);  // pb <= 1
+        auto run = [&](auto fma_c) {
+          constexpr bool kF = decltype(fma_c)::value;
+          if (vt == kPvV && ht == kPvHT && d0 < dt) {
+            PvChunk<kPvV, kPvHT, false, kF>(chunks[c], c, Hp, 0, h0, d0, w, a);
+            return;
           }
-        });
+          WithVMT<kPvV, kPvHT>(vt, ht, [&](auto v, auto mt) {
+            constexpr int kV = decltype(v)::value, kHT = decltype(mt)::value;
+            if (d0 < dt) {
+              PvChunk<kV, kHT, false, kF>(chunks[c], c, Hp, 0, h0, d0, w, a);
+            } else {
+              PvChunk<kV, kHT, true, kF>(chunks[c], c, Hp, tw, h0, d0, w, a);
+            }
+          });
+        };
+        if (fma) {
+          run(std::true_type{});
+        } else {
+          run(std::false_type{});
+        }
       });
     }
     each_tile([&](int64_t g, int64_t j, float* a) {
@@ -434,6 +516,14 @@ struct GrowBuf {
     return p.get();
   }
 };
+// The same for the guard's int32 exponents.
+struct GrowIntBuf {
+  std::vector<int32_t> v;
+  int32_t* Get(int64_t n) {
+    if (n > static_cast<int64_t>(v.size())) v.resize(static_cast<size_t>(std::max<int64_t>(n, v.size() + v.size() / 2)));
+    return v.data();
+  }
+};
 }  // namespace
 
 void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv, const int32_t* slot, int n,
@@ -474,6 +564,19 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
     for (int h = 0; h < H; ++h) qt[d * Hp + h] = q[h * D + d];
     for (int64_t h = H; h < Hp; ++h) qt[d * Hp + h] = 0.0f;
   }
+  // The query's exponent range for the FMA guard (AttnScratch).
+  bool q_exact = true;
+  int32_t q_emin = 255, q_emax = 0;
+  for (int64_t i = 0; i < H * D; ++i) {
+    uint32_t b;
+    std::memcpy(&b, q + i, 4);
+    const int32_t e = static_cast<int32_t>((b >> 23) & 0xFF);
+    q_exact = q_exact && (b & 0xFFFFu) == 0 && e != 255;
+    if ((b & 0x7FFFFFFFu) != 0) q_emin = std::min(q_emin, std::max(e, 1)), q_emax = std::max(q_emax, e);
+  }
+  w.q_exact = q_exact;
+  w.q_emin = q_emin;
+  w.q_emax = q_emax;
   for (int64_t h = 0; h < Hp; ++h) sk[h] = h < H ? sink[h] : 0.0f;
   w.kv = kv;
   w.qt = qt;
@@ -484,6 +587,10 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
   w.pt = pt_buf.Get(kChunk * Hp);
   w.rescale = rescale_buf.Get(chunk_cap * Hp);
   w.sum = sum_buf.Get(Hp);
+  thread_local GrowIntBuf kmin_buf, kmax_buf, pbe_buf;
+  w.k_emin = kmin_buf.Get(n_cap);
+  w.k_emax = kmax_buf.Get(n_cap);
+  w.pb_emin = pbe_buf.Get(chunk_cap * (Hp / L));
   const AttnChunk* ch = chunks.data();
   // A team only for a large call (a fork/join costs more than a short list's
   // work) made outside any parallel region: inside one (the model's row loop,

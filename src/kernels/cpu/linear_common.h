@@ -97,6 +97,16 @@ struct QArgs {
 // pack time) and otherwise multiplies then adds.
 inline constexpr int kBf16FmaMinExpSum = -135;
 inline constexpr int kBf16FmaMaxExpSum = 125;
+// The same guard on ranges of biased FP32 exponent fields of BF16-exact
+// values, as the sparse attention tracks them (attention.cc): field 0 (a BF16
+// subnormal, M·2^-133 with M < 128) counts as 1, i.e. exponent -126, which
+// gives its lowest bit correctly; field 255 (Inf, NaN) fails. True when
+// every product of nonzero values with fields in [amin, amax] and
+// [bmin, bmax] is exact (fma_exact_test covers normals and subnormals).
+inline bool Bf16FieldsProductsExact(int amin, int amax, int bmin, int bmax) {
+  return amax < 255 && bmax < 255 && (amin - 127) + (bmin - 127) >= kBf16FmaMinExpSum &&
+         (amax - 127) + (bmax - 127) <= kBf16FmaMaxExpSum;
+}
 
 // Binary exponent range of the nonzero values (subnormals count as -150, so
 // they fail the guard), whether every value is finite, and whether every
