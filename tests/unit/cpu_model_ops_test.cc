@@ -300,6 +300,31 @@ TEST(CpuKernels, SparseAttentionBitIdentical) {
   omp_set_num_threads(saved);
 }
 
+// The P·V guard at its edge (found by review): row 0 takes the whole
+// probability (its values 0), rows 1 and 2 add exact products that cancel to
+// 24447·2^-149 in d = 2, and row 3's product there has exponent sum -136, one
+// below the guard's edge: it does not fit in FP32, so a fused add would round
+// the sum differently (out[2] 0 instead of 0x00010000). Every target must
+// multiply then add there.
+TEST(CpuKernels, SparseAttentionPvGuardRefusesAnUnderflowingProduct) {
+  const float q[3] = {1.0f, 1.0f, 0.0f};
+  const uint16_t r0[3] = {0x0000, 0x0000, 0x0000}, r1[3] = {0xc196, 0xba48, 0x0a7d},
+                 r2[3] = {0xc199, 0xbcbe, 0x8a7e}, r3[3] = {0xc19a, 0xbbcb, 0x09a7};
+  const uint16_t* kv[4] = {r0, r1, r2, r3};
+  const int32_t slot[4] = {0, 1, 2, 3};
+  const float sink[1] = {-std::numeric_limits<float>::infinity()};
+  std::vector<float> want(3);
+  ref::SparseAttention(q, 1, 3, kv, slot, 4, 4, sink, 1.0f, want.data());
+  EXPECT_EQ(FloatBits(want[0]), 0xb4a70000u);
+  EXPECT_EQ(FloatBits(want[1]), 0xaf1f0000u);
+  EXPECT_EQ(FloatBits(want[2]), 0x00010000u);
+  ForEachTarget([&] {
+    std::vector<float> got(3, -1.0f);
+    SparseAttention(q, 1, 3, kv, slot, 4, 4, sink, 1.0f, got.data());
+    EXPECT_TRUE(SameBits(got, want)) << FloatBits(got[0]) << " " << FloatBits(got[1]) << " " << FloatBits(got[2]);
+  });
+}
+
 // The V4.1 indexer's scalar score loop (model.cc ForwardPass::Indexer), keys row-major.
 void IndexerScoresOracle(const float* q, const float* w, int64_t nh, int64_t ID, const float* keys, int64_t n,
                          float* score) {

@@ -59,11 +59,11 @@ void SetMinParallelMacs(int64_t macs) { g_min_parallel_macs = macs; }
 // pages are marked MADV_HUGEPAGE, so that with transparent huge pages in
 // `madvise` mode (Debian's default) they are backed by 2 MiB pages: one TLB
 // entry per 2 MiB instead of 512, and no 4 KiB page boundaries in a GEMV's
-// stream for the hardware prefetchers to stop at. The last partial 2 MiB of
-// an array is outside the marked range and stays in 4 KiB pages (no physical
-// memory past the array's end). Each such array is its own anonymous
-// mapping: 2 MiB more is mapped and the unaligned head and the tail past the
-// array's last 4 KiB page are unmapped at once, so the alignment costs no
+// stream for the hardware prefetchers to stop at. Each such array is its own
+// anonymous mapping: 2 MiB more is mapped and the unaligned head and the tail
+// past the array's last 4 KiB page are unmapped at once. A huge page never
+// extends past the end of a mapping, so the last partial 2 MiB stays in 4 KiB
+// pages (no physical memory past the array's end), and the alignment costs no
 // address space either (posix_memalign kept the skipped head mapped: up to
 // 2 MiB of address space per array, ~94 GB over the real checkpoint's ~47 k
 // such arrays, counted against the commit limit under
@@ -90,7 +90,7 @@ AlignedArray<T> AllocateAligned(size_t n) {
     ::madvise(p, len, MADV_HUGEPAGE);  // a hint: on failure the pages stay 4 KiB
     try {
       std::lock_guard<std::mutex> lock(g_mapped_mu);
-      MappedArrays().emplace(p, len);
+      MappedArrays()[p] = len;  // a new mapping at p: any entry there would be stale
     } catch (...) {
       ::munmap(p, len);
       throw;
