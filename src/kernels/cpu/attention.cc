@@ -10,9 +10,12 @@
 //      with the reference's operations per lane) with its BF16 weight, and
 //      the chunk sum (TorchSumV: ref::TorchSum's addition order per lane);
 //   3. P·V per register tile of heads × d vectors, the keys read from the
-//      BF16 rows: per chunk the partial sums part + pb·k (multiply, then add)
-//      over the members in order, in registers, then acc·rescale + part;
-//      finally out = bf16(acc / sum).
+//      BF16 rows: per chunk the partial sums part + pb·k over the members in
+//      order, in registers, then acc·rescale + part; finally
+//      out = bf16(acc / sum).
+// The q·k and pb·k products are fused with their additions where tracked
+// exponent ranges show them exact (see "Fused multiply-adds" below), which
+// gives the multiply-then-add's bits.
 // Every output element sees exactly the reference's operations in its order.
 // The scratch is thread_local and only grows (no allocation per decode step).
 // A large call made outside any parallel region splits candidates (1), head
@@ -341,8 +344,9 @@ int64_t PvUnits(int64_t Dp) { return (PvTilesD(Dp) + kPvGroup - 1) / kPvGroup; }
 int64_t PvUnitAccFloats(int64_t H) { return kPvGroup * PvTilesH(H) * kPvTileFloats; }
 
 // One register tile, one chunk: heads [h0, h0 + HT) × V vectors from d0,
-// the partial sums part + pb·k (multiply, then add) over the chunk's
-// members in order, in registers, then acc = acc·rescale + part. The keys
+// the partial sums part + pb·k over the chunk's members in order, in
+// registers (multiply, then add; fused when kFma: the caller's guard has
+// shown every product exact), then acc = acc·rescale + part. The keys
 // come from the BF16 rows, or (kTail: the tile holds the partial vector at
 // D) from the widened tails kvt (row stride tw, column 0 at d0).
 template <int V, int HT, bool kTail, bool kFma>
