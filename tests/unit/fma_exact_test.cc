@@ -91,6 +91,22 @@ TEST(FmaExact, E2M1TimesE4M3EveryCodePair) {
 // product's lowest bit is at or above 2^-149) and ea + eb <= 125 (no
 // overflow), which is the guard's condition; below it some products are
 // not exact and an FMA would differ.
+// One operand pair against a guard's verdict: accepted pairs must be exact
+// with FMA == multiply then add for every accumulator (else counted in
+// *bad); refused pairs that do round or overflow are counted in *refused_inexact.
+void Tally(float a, float b, bool guard, const std::vector<float>& acc, int64_t* accepted, int64_t* bad,
+           int64_t* refused_inexact) {
+  const bool exact = std::isfinite(a * b) && ProductExact(a, b);
+  if (guard) {
+    ++*accepted;
+    bool ok = exact;
+    for (float c : acc) ok = ok && FmaSameAsMulAdd(a, b, c);
+    *bad += !ok;
+  } else {
+    *refused_inexact += !exact;
+  }
+}
+
 TEST(FmaExact, Bf16TimesBf16SignificandPairsOverTheExponentRange) {
   const std::vector<float> acc = Accumulators(3, 6);
   std::vector<int> exps;
@@ -109,15 +125,7 @@ TEST(FmaExact, Bf16TimesBf16SignificandPairsOverTheExponentRange) {
           const float b = std::ldexp(1.0f + mb / 128.0f, eb);
           ASSERT_EQ(RoundBf16(a), a);
           ASSERT_EQ(RoundBf16(b), b);
-          const bool exact = std::isfinite(a * b) && ProductExact(a, b);
-          if (guard) {
-            ++in_range;
-            bool ok = exact;
-            for (float c : acc) ok = ok && FmaSameAsMulAdd(a, b, c);
-            in_range_bad += !ok;
-          } else {
-            out_range_inexact += !exact;
-          }
+          Tally(a, b, guard, acc, &in_range, &in_range_bad, &out_range_inexact);
         }
       }
     }
@@ -150,17 +158,7 @@ TEST(FmaExact, Bf16FieldsGuardHoldsForSubnormalsAndNormals) {
       const bool guard = cpu::Bf16FieldsProductsExact(fa == 0 ? 1 : fa, fa == 0 ? 1 : fa, fb, fb);
       EXPECT_EQ(guard, fb >= edge) << fa << " " << fb;
       for (float a : values(fa))
-        for (float b : values(fb)) {
-          const bool exact = ProductExact(a, b);
-          if (guard) {
-            ++accepted;
-            bool ok = exact;
-            for (float c : acc) ok = ok && FmaSameAsMulAdd(a, b, c);
-            bad += !ok;
-          } else {
-            refused_inexact += !exact;
-          }
-        }
+        for (float b : values(fb)) Tally(a, b, guard, acc, &accepted, &bad, &refused_inexact);
     }
   }
   // The upper edge: fields summing to 254 + 125 accepted, from one more refused (one margin step: at

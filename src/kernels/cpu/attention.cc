@@ -31,7 +31,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -568,19 +567,12 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
     for (int h = 0; h < H; ++h) qt[d * Hp + h] = q[h * D + d];
     for (int64_t h = H; h < Hp; ++h) qt[d * Hp + h] = 0.0f;
   }
-  // The query's exponent range for the FMA guard (AttnScratch).
-  bool q_exact = true;
-  int32_t q_emin = 255, q_emax = 0;
-  for (int64_t i = 0; i < H * D; ++i) {
-    uint32_t b;
-    std::memcpy(&b, q + i, 4);
-    const int32_t e = static_cast<int32_t>((b >> 23) & 0xFF);
-    q_exact = q_exact && (b & 0xFFFFu) == 0 && e != 255;
-    if ((b & 0x7FFFFFFFu) != 0) q_emin = std::min(q_emin, std::max(e, 1)), q_emax = std::max(q_emax, e);
-  }
-  w.q_exact = q_exact;
-  w.q_emin = q_emin;
-  w.q_emax = q_emax;
+  // The query's exponent range for the FMA guard (AttnScratch), as biased
+  // fields; FloatsExpRange counts a subnormal as -150, which the guard refuses.
+  const ExpRange qr = FloatsExpRange(q, H, D, D);
+  w.q_exact = qr.bf16 && qr.finite;
+  w.q_emin = qr.any_nonzero ? qr.lo + 127 : 255;
+  w.q_emax = qr.any_nonzero ? qr.hi + 127 : 0;
   for (int64_t h = 0; h < Hp; ++h) sk[h] = h < H ? sink[h] : 0.0f;
   w.kv = kv;
   w.qt = qt;
