@@ -245,8 +245,11 @@ TEST(CpuKernels, SparseAttentionBitIdentical) {
       // score is +inf, fused it is 2^126: the FMA guard must refuse those scores), 4: keys near the
       // smallest normal BF16 and queries near 2^118 (ordinary scores, but pb·k underflows for the small
       // probabilities: the guard must refuse those P·V chunks; the outputs' BF16 rounding hides most
-      // of such differences, so the guard's rule itself is checked in fma_exact_test)
-      for (int variant = 0; variant < 5; ++variant) {
+      // of such differences, so the guard's rule itself is checked in fma_exact_test), 5: keys around the
+      // smallest normal BF16 (many subnormal), every third row all zero, queries near 2^-12: q·k products
+      // that underflow (the keys' exponent range, subnormals counted as field 1, must refuse those blocks;
+      // as in 4 the outputs hide most such differences: WidenBf16RowRange checks the ranges themselves)
+      for (int variant = 0; variant < 6; ++variant) {
         std::mt19937_64 rng(800 + c.H + variant);
         // Candidates at ascending slots with gaps; chunk 1 (slots 64..127) left empty when the list is long.
         std::vector<int32_t> slots;
@@ -282,6 +285,14 @@ TEST(CpuKernels, SparseAttentionBitIdentical) {
         if (variant == 4) {
           for (auto& r : rows) r = FloatToBf16(Bf16ToFloat(r) * 0x1p-118f);
           for (auto& v : q) v *= 0x1p118f;
+        }
+        if (variant == 5) {
+          for (int i = 0; i < n; ++i)
+            for (int64_t d = 0; d < c.D; ++d) {
+              uint16_t& r = rows[i * c.D + d];
+              r = i % 3 == 2 ? uint16_t{0} : FloatToBf16(Bf16ToFloat(r) * 0x1p-127f);
+            }
+          for (auto& v : q) v = RoundBf16(v * 0x1p-12f);
         }
         const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
         std::vector<float> want(c.H * c.D);
@@ -325,6 +336,51 @@ TEST(CpuKernels, SparseAttentionPvGuardRefusesAnUnderflowingProduct) {
   });
 }
 
+// SparseAttention's key-row widening and exponent range (the FMA guard's input) against a scalar
+// oracle: lengths that end inside and past the vector pairs, zeros of both signs, subnormals of every
+// size, the smallest and largest normal fields, NaN and Inf, all-zero rows.
+TEST(CpuKernels, WidenBf16RowRange) {
+  ForEachTarget([&] {
+    std::mt19937_64 rng(4242);
+    for (int64_t D : {1, 2, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 96, 128, 129, 512}) {
+      for (int kind = 0; kind < 9; ++kind) {
+        std::vector<uint16_t> src(D);
+        for (auto& b : src) {
+          const uint16_t sign = (rng() & 1) ? 0x8000 : 0;
+          switch (kind) {
+            case 0: b = static_cast<uint16_t>(rng()); break;                                  // anything
+            case 1: b = sign; break;                                                            // ±0 only
+            case 2: b = static_cast<uint16_t>(sign | (rng() % 3 == 0 ? 1 + rng() % 127 : 0)); break;  // subnormals
+            case 3: b = static_cast<uint16_t>(sign | (rng() % 4 ? 0 : 0x0080 + rng() % 128)); break;  // field 1
+            case 4: b = static_cast<uint16_t>(sign | ((100 + rng() % 60) << 7) | (rng() & 0x7F)); break;
+            case 5: b = static_cast<uint16_t>(sign | (rng() % 2 ? 0x7F80 : 0x7F80 | (1 + rng() % 127))); break;  // Inf/NaN
+            case 6: b = static_cast<uint16_t>(sign | (rng() % 8 ? 0 : 0x0001)); break;        // the smallest subnormal
+            case 7: b = static_cast<uint16_t>(sign | ((1 + rng() % 254) << 7) | (rng() & 0x7F)); break;
+            default: b = static_cast<uint16_t>(sign | (rng() % 16 ? 0 : (rng() % 2 ? 0x7F7F : 0x0080))); break;
+          }
+        }
+        if (kind == 3 || kind == 6) src[rng() % D] = 0x0001;  // one subnormal somewhere: field 1 either way
+        int32_t want_min = 255, want_max = 0;
+        for (uint16_t b : src)
+          if ((b & 0x7FFF) != 0) {
+            const int32_t e = (b >> 7) & 0xFF;
+            want_min = std::min(want_min, std::max(e, 1));
+            want_max = std::max(want_max, e);
+          }
+        std::vector<float> dst(D + 1, 42.0f);
+        int32_t emin = -1, emax = -1;
+        WidenBf16Row(src.data(), D, dst.data(), &emin, &emax);
+        EXPECT_EQ(emin, want_min) << "D=" << D << " kind=" << kind;
+        EXPECT_EQ(emax, want_max) << "D=" << D << " kind=" << kind;
+        int64_t bad = 0;
+        for (int64_t d = 0; d < D; ++d) bad += FloatBits(dst[d]) != static_cast<uint32_t>(src[d]) << 16;
+        EXPECT_EQ(bad, 0) << "D=" << D << " kind=" << kind;
+        EXPECT_EQ(FloatBits(dst[D]), FloatBits(42.0f)) << "wrote past D=" << D;
+      }
+    }
+  });
+}
+
 // The V4.1 indexer's scalar score loop (model.cc ForwardPass::Indexer), keys row-major.
 void IndexerScoresOracle(const float* q, const float* w, int64_t nh, int64_t ID, const float* keys, int64_t n,
                          float* score) {
@@ -350,8 +406,9 @@ TEST(CpuKernels, IndexerScoresBitIdentical) {
     int special;
   };
   std::vector<Case> cases;
-  for (int64_t n : {1, 3, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 100, 129, 300})
+  for (int64_t n : {1, 3, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 100, 129, 300, 1000})
     cases.push_back({16, 128, n, 0});
+  cases.push_back({64, 128, 250, 0});  // the large preset's decode shape (2^21 multiply-adds: four chunks)
   for (int sp = 1; sp <= 7; ++sp) cases.push_back({16, 128, 77, sp});
   cases.push_back({3, 5, 21, 0});
   cases.push_back({1, 1, 9, 0});
@@ -423,6 +480,33 @@ TEST(CpuKernels, IndexerScoresBitIdentical) {
       EXPECT_EQ(bad, 0) << "nh=" << nh << " ID=" << ID << " n=" << n << " special=" << cs.special << " first at "
                         << first << ": got " << (first >= 0 ? got[first] : 0) << " want "
                         << (first >= 0 ? want[first] : 0);
+      // The one-row form: packing and scoring split over 1, 2 and 3 threads (the key chunks of the
+      // long lists land on different threads), into a buffer whose padding starts as NaN.
+      {
+        std::vector<uint16_t> kbits(E * ID);
+        std::vector<const uint16_t*> rows(E);
+        for (int64_t t = 0; t < E * ID; ++t) kbits[t] = static_cast<uint16_t>(FloatBits(keys[t]) >> 16);
+        for (int64_t j = 0; j < E; ++j) rows[j] = kbits.data() + j * ID;
+        const int threads0 = NumThreads();
+        for (int threads : {1, 2, 3}) {
+          SetNumThreads(threads);
+          std::vector<float> kt2(kt.size(), std::numeric_limits<float>::quiet_NaN()), got2(n + 1, 42.0f);
+          PackAndScoreIndexKeys(q.data(), w.data(), nh, ID, rows.data(), n, kt2.data(), got2.data());
+          EXPECT_EQ(FloatBits(got2[n]), FloatBits(42.0f)) << "wrote past n=" << n;
+          int64_t bad2 = 0;
+          for (int64_t j = 0; j < n; ++j) bad2 += FloatBits(got2[j]) != FloatBits(want[j]);
+          EXPECT_EQ(bad2, 0) << "PackAndScoreIndexKeys, " << threads << " threads, nh=" << nh << " n=" << n
+                             << " special=" << cs.special;
+          for (int64_t t = 0; t < n * ID && t < static_cast<int64_t>(kt.size()); ++t) {  // the packed keys too
+            const int64_t j = t / ID, c = t % ID, at = (j / kIndexKeyBlock) * kIndexKeyBlock * ID + c * kIndexKeyBlock + j % kIndexKeyBlock;
+            if (FloatBits(kt2[at]) != FloatBits(kt[at])) {
+              ADD_FAILURE() << "packed key " << j << " element " << c << " differs";
+              break;
+            }
+          }
+        }
+        SetNumThreads(threads0);
+      }
       if (cs.special == 1) {
         EXPECT_TRUE(std::isnan(want[5]) && std::isnan(want[40]));
       }

@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "base/parallel.h"
 #include "format/numerics.h"
 #include "kernels/cpu/cpu_ops.h"
 
@@ -165,17 +166,24 @@ TEST(V4Ops, FastIndexerScoresBitIdenticalToScalar) {
   ForEachTarget([&] {
     for (int nh : {1, 4, 16}) {
       for (int64_t D : {16, 128}) {
-        for (int64_t n : {1, 5, 63, 64, 65, 300}) {
+        for (int64_t n : {1, 5, 63, 64, 65, 300, 1000}) {
           const std::vector<float> q = MixedBf16(rng, nh * D), keys = MixedBf16(rng, n * D),
                                    w = MixedBf16(rng, nh);
           std::vector<float> a(n + 1, 7.0f), b(n + 1, 7.0f);
-          IndexerScores(q.data(), w.data(), nh, D, keys.data(), n, a.data());
           IndexerScoresRef(q.data(), w.data(), nh, D, keys.data(), n, b.data());
-          ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "nh " << nh << " D " << D << " n " << n;
+          // 1, 2 and 3 threads: the long lists' key chunks split over the team (n·nh·D >= 2^19).
+          const int threads0 = NumThreads();
+          for (int threads : {1, 2, 3}) {
+            SetNumThreads(threads);
+            IndexerScores(q.data(), w.data(), nh, D, keys.data(), n, a.data());
+            ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0)
+                << "nh " << nh << " D " << D << " n " << n << " threads " << threads;
+          }
+          SetNumThreads(threads0);
           EXPECT_EQ(a[n], 7.0f);  // nothing past n written
           int positive = 0;
           for (int64_t j = 0; j < n; ++j) positive += a[j] != 0.0f;
-          if (n >= 5) {
+          if (n * nh >= 60) {  // all ReLU-zero has probability 2^-(n·nh)
             EXPECT_GT(positive, 0) << "nh " << nh << " D " << D << " n " << n;
           }
         }

@@ -231,39 +231,65 @@ HWY_INLINE void ScoreBlock(const float* qt, int64_t Hp, int64_t D, int64_t Dp, c
   for (int j = 0; j < NC; ++j) hn::Store(a[j], df, dots + (i0 + j) * Hp + h0);
 }
 
+// A key row widened: dst[d] = FP32 of the BF16 src[d] for d < D, and the
+// row's exponent range for the FMA guard (cpu_ops.h WidenBf16Row). From the
+// BF16 magnitudes a = bits & 0x7FFF, 2·kLanes elements at a time: the
+// largest a has the largest field (NaN and Inf: 255), and the smallest
+// nonzero a, min(a − 1) + 1 with the subtraction wrapping zero to 0xFFFF,
+// the smallest (a subnormal's field 0 counts as 1, as
+// Bf16FieldsProductsExact expects). The elements past the last whole pair of
+// vectors (all of them on HWY_SCALAR) go one by one.
+HWY_INLINE void WidenRow(const uint16_t* HWY_RESTRICT src, int64_t D, float* HWY_RESTRICT dst, int32_t& rmin,
+                         int32_t& rmax) {
+  rmin = 255, rmax = 0;
+  int64_t d = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint16_t, DF> d16;
+  const hn::Repartition<uint16_t, DF> dw;  // 2·kLanes BF16 values
+  auto amin1 = hn::Set(dw, 0xFFFF), amax = hn::Zero(dw);
+  for (; d + 2 * static_cast<int64_t>(kLanes) <= D; d += 2 * kLanes) {
+    const auto x = hn::LoadU(dw, src + d);
+    const auto a = hn::And(x, hn::Set(dw, 0x7FFF));
+    amin1 = hn::Min(amin1, hn::Sub(a, hn::Set(dw, 1)));
+    amax = hn::Max(amax, a);
+    hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LowerHalf(d16, x)))), df, dst + d);
+    hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::UpperHalf(d16, x)))), df, dst + d + kLanes);
+  }
+  if (d > 0) {
+    const auto m1 = hn::Min(hn::PromoteTo(du, hn::LowerHalf(d16, amin1)), hn::PromoteTo(du, hn::UpperHalf(d16, amin1)));
+    const auto mx = hn::Max(hn::PromoteTo(du, hn::LowerHalf(d16, amax)), hn::PromoteTo(du, hn::UpperHalf(d16, amax)));
+    const uint32_t amin_m1 = hn::GetLane(hn::MinOfLanes(du, m1)), amax_all = hn::GetLane(hn::MaxOfLanes(du, mx));
+    if (amin_m1 != 0xFFFF) rmin = std::max<int32_t>(static_cast<int32_t>((amin_m1 + 1) >> 7), 1);
+    rmax = static_cast<int32_t>(amax_all >> 7);
+  }
+#endif
+  for (; d < D; ++d) {
+    dst[d] = Bf16ToFloat(src[d]);
+    const int32_t e = (src[d] >> 7) & 0xFF;
+    if ((src[d] & 0x7FFF) != 0) rmin = std::min(rmin, std::max(e, 1)), rmax = std::max(rmax, e);
+  }
+}
+
+// WidenRow for the tests (cpu_ops.h WidenBf16Row).
+void WidenBf16RowV(const uint16_t* src, int64_t D, float* dst, int32_t* emin, int32_t* emax) {
+  WidenRow(src, D, dst, *emin, *emax);
+}
+
 // Phase 1 for candidates [i0, i1) (at most kScoreBlock): the rows widened
 // into kb[(i - i0)·Dp + d] (padding zero; their tails from PvTailStart also
 // to kvt) and dots[i·Hp + h] = Σ_d q[h][d]·k_i[d] (increasing d).
 static_assert(kScoreBlock == 8, "Scores' switch covers blocks of up to 8 candidates");
 void Scores(int64_t D, int64_t Dp, int64_t Hp, int i0, int i1, float* kb, const AttnScratch& w) {
-  const DF df;
-  const hn::RebindToUnsigned<DF> du;
-  const hn::Rebind<uint16_t, DF> d16;
   const int64_t dt = PvTailStart(D, Dp), tw = Dp - dt;
-  const hn::RebindToSigned<DF> di;
   int32_t bmin = 255, bmax = 0;  // the block's key exponent range
   for (int i = i0; i < i1; ++i) {
-    const uint16_t* src = w.kv[i];
     float* row = kb + (i - i0) * Dp;
-    auto emin = hn::Set(di, 255), emax = hn::Zero(di);
-    int64_t d = 0;
-    for (; d + static_cast<int64_t>(kLanes) <= D; d += kLanes) {
-      const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, src + d)));
-      hn::Store(hn::BitCast(df, bits), df, row + d);
-      const auto ib = hn::BitCast(di, bits);
-      const auto e = hn::And(hn::ShiftRight<23>(ib), hn::Set(di, 0xFF));
-      const auto nz = hn::Ne(hn::And(ib, hn::Set(di, 0x7FFFFFFF)), hn::Zero(di));
-      emin = hn::Min(emin, hn::IfThenElse(nz, hn::Max(e, hn::Set(di, 1)), hn::Set(di, 255)));
-      emax = hn::Max(emax, hn::IfThenElseZero(nz, e));
-    }
-    int32_t rmin = hn::GetLane(hn::MinOfLanes(di, emin)), rmax = hn::GetLane(hn::MaxOfLanes(di, emax));
-    for (; d < D; ++d) {
-      row[d] = Bf16ToFloat(src[d]);
-      const int32_t e = (src[d] >> 7) & 0xFF;
-      if ((src[d] & 0x7FFF) != 0) rmin = std::min(rmin, std::max(e, 1)), rmax = std::max(rmax, e);
-    }
-    for (; d < Dp; ++d) row[d] = 0.0f;
-    for (d = dt; d < Dp; ++d) w.kvt[i * tw + d - dt] = row[d];
+    int32_t rmin, rmax;
+    WidenRow(w.kv[i], D, row, rmin, rmax);
+    for (int64_t d = D; d < Dp; ++d) row[d] = 0.0f;
+    for (int64_t d = dt; d < Dp; ++d) w.kvt[i * tw + d - dt] = row[d];
     w.k_emin[i] = rmin;
     w.k_emax[i] = rmax;
     bmin = std::min(bmin, rmin);
@@ -502,8 +528,13 @@ HWY_EXPORT(PvUnitAccFloats);
 HWY_EXPORT(PvTailStart);
 HWY_EXPORT(LanesF32);
 HWY_EXPORT(ExpRow);
+HWY_EXPORT(WidenBf16RowV);
 
 void SleefExpfRow(const float* x, int64_t n, float* y) { HWY_DYNAMIC_DISPATCH(ExpRow)(x, n, y); }
+
+void WidenBf16Row(const uint16_t* src, int64_t D, float* dst, int32_t* emin, int32_t* emax) {
+  HWY_DYNAMIC_DISPATCH(WidenBf16RowV)(src, D, dst, emin, emax);
+}
 
 namespace {
 // Vector-aligned FP32 scratch that grows, never shrinks (no allocation per

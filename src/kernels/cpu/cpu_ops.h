@@ -224,6 +224,12 @@ void HcMixes(const float* X, int64_t M, int hc, int64_t d, const PackedF32& fn, 
 // (inside one, e.g. the model's row loop, it runs on the calling thread).
 void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv, const int32_t* slot, int n,
                      int32_t list_len, const float* sink, float softmax_scale, float* out);
+// The key-row widening inside SparseAttention, exposed for its tests:
+// dst[d] = FP32 of the BF16 bits src[d] (d < D), *emin / *emax = the smallest
+// and largest exponent fields of the row's nonzero elements (a subnormal's
+// field 0 counted as 1; NaN and Inf 255), 255 / 0 when every element is ±0:
+// the range Bf16FieldsProductsExact (kernels/cpu/linear_common.h) judges the FMA by.
+void WidenBf16Row(const uint16_t* src, int64_t D, float* dst, int32_t* emin, int32_t* emax);
 // As ref::HcCollapse / ref::HcExpand (mHC, model-spec §3.3.3): X [M, hc, d],
 // pre/post [M, hc], comb [M, hc, hc], v and x [M, d], Xout [M, hc, d], all
 // FP32 (outputs BF16 values). Vectorised along d, each lane doing the
@@ -263,6 +269,18 @@ inline constexpr int64_t kIndexKeyBlock = 16;
 void PackIndexKey(const uint16_t* k, int64_t j, int64_t ID, float* kt);
 void IndexerScores(const float* q, const float* w, int64_t nh, int64_t ID, const float* kt, int64_t n,
                    float* score);
+// PackAndScoreIndexKeys: PackIndexKey(rows[j], j, ID, kt) for j < n (and
+// zeros for the padding keys of the last block), then IndexerScores over the
+// n keys: the same bits. The keys are split over the OpenMP team (NumThreads())
+// in chunks of kIndexKeyChunk keys, each thread packing the keys it scores,
+// when there are two chunks or more and n·nh·ID >= 2^19 multiply-adds; inside
+// a parallel region it runs on the calling thread. For a single query row
+// (a decode step), whose scores would otherwise run on one thread.
+// rows[j]: key j's ID BF16 values; kt as for IndexerScores.
+inline constexpr int64_t kIndexKeyChunk = 64;
+static_assert(kIndexKeyChunk % kIndexKeyBlock == 0, "a chunk holds whole key blocks");
+void PackAndScoreIndexKeys(const float* q, const float* w, int64_t nh, int64_t ID, const uint16_t* const* rows,
+                           int64_t n, float* kt, float* score);
 
 // ------------------------------------------------------------------ activation quantiser
 // Fused activation quantisation of rows x [M, K] (model-spec §3.1(b) step 1),

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/parallel.h"
 #include "format/numerics.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/hwy_util-inl.h"
@@ -127,6 +128,30 @@ void PackIndexKey(const uint16_t* k, int64_t j, int64_t ID, float* kt) {
 void IndexerScores(const float* q, const float* w, int64_t nh, int64_t ID, const float* kt, int64_t n,
                    float* score) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(IndexerScoresRow)(q, w, nh, ID, kt, n, score);
+}
+
+void PackAndScoreIndexKeys(const float* q, const float* w, int64_t nh, int64_t ID, const uint16_t* const* rows,
+                           int64_t n, float* kt, float* score) {
+  if (n <= 0) return;
+  const int64_t chunks = (n + kIndexKeyChunk - 1) / kIndexKeyChunk;
+  const auto chunk = [&](int64_t t) {
+    // Packing a block writes its padding keys' elements too: they are read by
+    // the last vector of the block (never stored), so they must be initialised.
+    const int64_t j0 = t * kIndexKeyChunk, j1 = std::min(n, j0 + kIndexKeyChunk);
+    for (int64_t j = j0; j < j1; ++j) PackIndexKey(rows[j], j, ID, kt);
+    const int64_t jp = std::min((j1 + kIndexKeyBlock - 1) / kIndexKeyBlock * kIndexKeyBlock, j0 + kIndexKeyChunk);
+    for (int64_t j = j1; j < jp; ++j) {
+      float* dst = kt + (j / kIndexKeyBlock) * kIndexKeyBlock * ID + j % kIndexKeyBlock;
+      for (int64_t c = 0; c < ID; ++c) dst[c * kIndexKeyBlock] = 0.0f;
+    }
+    HWY_DYNAMIC_DISPATCH(IndexerScoresRow)(q, w, nh, ID, kt + j0 * ID, j1 - j0, score + j0);
+  };
+  // A team only where there is work for it (each chunk ~nh·ID·64 multiply-adds).
+  if (chunks >= 2 && n * nh * ID >= (int64_t{1} << 19)) {
+    ParallelForStealing(chunks, chunk);
+  } else {
+    for (int64_t t = 0; t < chunks; ++t) chunk(t);
+  }
 }
 
 }  // namespace deepinfer::cpu

@@ -129,7 +129,9 @@ void HadamardRef(float* x, int64_t n, float scale);
 // score[j] = bf16(Σ_h bf16(max(bf16(Σ_c q[h,c]·keys[j,c]), 0)·w[h])) for
 // j < n, every sum sequential in FP32 from +0 in increasing c resp. h.
 // IndexerScoresRef is the scalar oracle; IndexerScores the Highway form
-// (one lane per key), bit-identical to it.
+// (one lane per key), bit-identical to it; called outside a parallel region
+// with n·nh·D >= 2^19 it splits the keys over the OpenMP team in chunks of 64
+// (the same bits for every thread count).
 void IndexerScores(const float* q, const float* w, int nh, int64_t D, const float* keys, int64_t n, float* score);
 void IndexerScoresRef(const float* q, const float* w, int nh, int64_t D, const float* keys, int64_t n,
                       float* score);

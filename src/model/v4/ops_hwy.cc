@@ -40,6 +40,7 @@
 
 #include <omp.h>
 
+#include "base/parallel.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/hwy_util-inl.h"
 #include "model/v4/ops.h"
@@ -733,7 +734,21 @@ void Hadamard(float* x, int64_t n, float scale) {
 
 void IndexerScores(const float* q, const float* w, int nh, int64_t D, const float* keys, int64_t n,
                    float* score) {
-  if (n > 0) HWY_DYNAMIC_DISPATCH(IndexerScoresV)(q, w, nh, D, keys, n, score);
+  if (n <= 0) return;
+  // Every key's score is its own lane's work: chunks of keys split over the
+  // team give the same bits (ParallelForStealing runs them in order on the
+  // calling thread inside a parallel region or with one thread).
+  constexpr int64_t kChunk = 64;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  auto* fn = HWY_DYNAMIC_DISPATCH(IndexerScoresV);
+  if (chunks < 2 || n * nh * D < (int64_t{1} << 19)) {
+    fn(q, w, nh, D, keys, n, score);
+    return;
+  }
+  ParallelForStealing(chunks, [&](int64_t t) {
+    const int64_t j0 = t * kChunk;
+    fn(q, w, nh, D, keys + j0 * D, std::min(kChunk, n - j0), score + j0);
+  });
 }
 
 PackedFp8Weight PackFp8Weight(const Fp8Weight& w) {

@@ -360,9 +360,20 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
     GatherPagedRows(m_.cp_comm_, StateKind::kIndexKey, St(s).geometry->of(StateKind::kIndexKey).RegionOf(sch.kv_from),
                     refs.data(), E, cp_keys.data());
   }
+  // One row (a decode step): its keys are packed and scored together, split
+  // over the team (cpu::PackAndScoreIndexKeys), instead of the row loop's one
+  // thread; the same bits.
+  const bool one_row = fast && i1 - i0 == 1;
+  std::vector<const uint16_t*>& key_rows = ws_.idx_key_rows;
+  ReserveInSteps(key_rows, one_row ? E : 0, kGrowPositions);
+  key_rows.resize(one_row ? static_cast<size_t>(E) : 0);
   for (int64_t j = 0; j < E; ++j) {
     const uint16_t* kr = St(s).sharding ? reinterpret_cast<const uint16_t*>(cp_keys.data() + j * ID * 2)
                                         : reinterpret_cast<const uint16_t*>(Row(s, StateKind::kIndexKey, sch.kv_from, j));
+    if (one_row) {
+      key_rows[j] = kr;
+      continue;
+    }
     if (fast) {
       cpu::PackIndexKey(kr, j, ID, keys.data());
       continue;
@@ -382,7 +393,18 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
   const int64_t K = std::min<int64_t>(c_.index_topk, E);
   const int64_t bs = c_.candidate_block_size;
   const float ninf = -std::numeric_limits<float>::infinity();
-#pragma omp parallel if(T * E * nh * ID > (int64_t{1} << 20))
+  // The one row's scores, before the row loop: a team opened inside its
+  // region (even an inactive one) would be a nested team, started afresh.
+  std::vector<float>& score1 = ws_.idx_score1;
+  if (one_row) {
+    const int64_t V = (qi.start + i0 + 1) / r, Er = b_.per_row_layout ? V : E;
+    ReserveInSteps(score1, E, kGrowPositions);
+    score1.resize(static_cast<size_t>(E));
+    if (Er > 0)
+      cpu::PackAndScoreIndexKeys(qI.data() + i0 * nh * ID, wts.data() + i0 * nh, nh, ID, key_rows.data(),
+                                 std::min(Er, V), keys.data(), score1.data());
+  }
+#pragma omp parallel if(i1 - i0 > 1 && (i1 - i0) * E * nh * ID > (int64_t{1} << 20))
   {
     thread_local std::vector<float> score, bsc;
     thread_local std::vector<int64_t> idx;
@@ -411,7 +433,11 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
       if (fast) {
         // The same scores (bit-identical); keys j >= V are -inf without scoring.
         const int64_t n = std::min(Er, V);
-        cpu::IndexerScores(qrow, wts.data() + i * nh, nh, ID, keys.data(), n, score.data());
+        if (one_row) {
+          std::copy(score1.begin(), score1.begin() + n, score.begin());
+        } else {
+          cpu::IndexerScores(qrow, wts.data() + i * nh, nh, ID, keys.data(), n, score.data());
+        }
         for (int64_t j = n; j < Er; ++j) score[j] = ninf;
       } else {
         for (int64_t j = 0; j < Er; ++j) {

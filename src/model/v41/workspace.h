@@ -57,6 +57,8 @@ struct StepWorkspace {
   std::vector<const float*> cmp_ga, cmp_gg;
   // Indexer (one sequence at a time).
   std::vector<float> idx_q, idx_w, idx_keys;
+  std::vector<const uint16_t*> idx_key_rows;  // a one-row call's BF16 key rows (cpu::PackAndScoreIndexKeys)
+  std::vector<float> idx_score1;              // ... and its scores
   // MoE.
   std::vector<int32_t> moe_idx;
   std::vector<float> moe_w, moe_y, moe_sh;
