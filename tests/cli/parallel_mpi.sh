@@ -10,7 +10,7 @@
 #  * unsupported combinations are start-up errors naming the flags;
 #  * killing a follower: the leader reports an error naming the rank within
 #    10 s and exits non-zero; no process is left.
-# Usage: parallel_mpi.sh <path-to-deepinfer> <source-dir>
+# Usage: parallel_mpi.sh <path-to-deepinfer> <source-dir>   (DEEPINFER_MPI_FULL=1: every configuration)
 set -euo pipefail
 BIN=$(realpath "$1")
 SRC=$(realpath "$2")
@@ -42,7 +42,17 @@ PY
 # ---- greedy, logprobs
 G=(generate --model "$TINY" --prompts "$PROMPTS" --threads 1 --temperature 0 --logprobs 3 --no-progress)
 "$BIN" "${G[@]}" --output "$T/ref.jsonl" 2>"$T/ref.err" || fail "one process: $(cat "$T/ref.err")"
-for cfg in "2 --ep 2" "2 --ep 2 --dp 2" "4 --ep 4" "4 --ep 4 --dp 4"; do
+# CI runs the configurations that cover each code path once (--ep 4 alone runs the 4-way expert
+# split that --ep 4 --dp 4 also runs, the sampled --ep 2 the path of the greedy one);
+# DEEPINFER_MPI_FULL=1 runs every configuration.
+FULL="${DEEPINFER_MPI_FULL:-0}"
+GREEDY=("2 --ep 2" "2 --ep 2 --dp 2" "4 --ep 4 --dp 4")
+SAMPLED=("2 --ep 2 --dp 2" "2 --ep 2 --dp 2 --dp-moe-exchange general" "4 --ep 4 --dp 4")
+if [ "$FULL" = 1 ]; then
+  GREEDY+=("4 --ep 4")
+  SAMPLED+=("2 --ep 2")
+fi
+for cfg in "${GREEDY[@]}"; do
   read -r np flags <<<"$cfg"
   # shellcheck disable=SC2086
   "${MPIRUN[@]}" -np "$np" "$BIN" "${G[@]}" $flags --output "$T/out.jsonl" 2>"$T/err" ||
@@ -115,7 +125,7 @@ S=(generate --model "$TINY" --prompts "$PROMPTS" --threads 1 --temperature 0.9 -
    --max-num-batched-tokens 16 --num-kv-blocks 16 --max-model-len 256 --no-progress)
 "$BIN" "${S[@]}" --output "$T/sref.jsonl" 2>"$T/sref.err" || fail "one process (sampled): $(cat "$T/sref.err")"
 grep -Eq "preemptions [1-9]" "$T/sref.err" || fail "the small pool did not force preemption: $(tail -1 "$T/sref.err")"
-for cfg in "2 --ep 2" "2 --ep 2 --dp 2" "2 --ep 2 --dp 2 --dp-moe-exchange general" "4 --ep 4 --dp 4"; do
+for cfg in "${SAMPLED[@]}"; do
   read -r np flags <<<"$cfg"
   # shellcheck disable=SC2086
   "${MPIRUN[@]}" -np "$np" "$BIN" "${S[@]}" $flags --output "$T/out.jsonl" 2>"$T/err" ||

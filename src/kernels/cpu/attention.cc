@@ -628,7 +628,7 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
   // `large` preset, 64-token prompt: n ~ 80) splits its heads too; measured
   // bench e2e --threads 2, batch 1: attention_core 11% -> 5% of the step on
   // AVX2, the step 32.5 -> 31.4 ms (a fork/join costs ~3 us on this VM).
-  const bool par = static_cast<int64_t>(n) * D * H >= (int64_t{1} << 16) && omp_get_level() == 0;
+  const bool par = static_cast<int64_t>(n) * D * H >= (int64_t{1} << 16) && !InParallelRegion();
 #pragma omp parallel if (par)
   {
     thread_local GrowBuf kb_buf, acc_buf;  // each thread's widened score block and P·V sums

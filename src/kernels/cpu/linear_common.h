@@ -295,7 +295,7 @@ void ParallelItems(QArgs& a, Fn* fn) {
   // stays on its thread: a nested region would run with one thread anyway,
   // and opening it cost 1.5-4 us per call (measured, Zen 5, two experts'
   // 512×1024 FP4 GEMVs in parallel: 12 -> 10 us on AVX-512, 36 -> 32 us on AVX2).
-  const bool parallel = a.M * a.N * a.K >= g_min_parallel_macs && !omp_in_parallel();
+  const bool parallel = a.M * a.N * a.K >= g_min_parallel_macs && !InParallelRegion();
   if (parallel && a.M < kBlockGemmMinM && items < NumThreads() && !a.no_slices) {
     a.slices = (a.N + kSliceRows - 1) / kSliceRows;
     items = a.slices;

@@ -9,6 +9,7 @@
 
 #include <omp.h>
 
+#include "base/parallel.h"
 #include "format/numerics.h"
 #include "kernels/ref/ref_math.h"
 
@@ -35,7 +36,7 @@ T* Scratch(std::vector<T>& v, int64_t n) {
 
 void LinearFp8Ref(const float* x, int64_t M, const Fp8Weight& w, float* y) {
   const int64_t K = w.in, N = w.out, nkb = K / kActBlock;
-#pragma omp parallel if(M * N * K > kParallelWork && !omp_in_parallel())
+#pragma omp parallel if(M * N * K > kParallelWork && !InParallelRegion())
   {
     std::vector<uint8_t> q(K), sa(nkb);
     std::vector<double> qd(K);
@@ -60,7 +61,7 @@ void LinearFp8Ref(const float* x, int64_t M, const Fp8Weight& w, float* y) {
 
 void LinearFp4Ref(const float* x, int64_t M, const Fp4Weight& w, float* y) {
   const int64_t K = w.in, N = w.out, nkb = K / kActBlock, ng = K / 32;
-#pragma omp parallel if(M * N * K > kParallelWork && !omp_in_parallel())
+#pragma omp parallel if(M * N * K > kParallelWork && !InParallelRegion())
   {
     std::vector<uint8_t> q(K), sa(nkb);
     std::vector<double> qd(K);
@@ -144,7 +145,7 @@ void LinearFp8(const float* x, int64_t M, const Fp8Weight& w, float* y) {
   QuantizeRows(x, M, K, &qd, &sa);
   const double* qdp = qd.data();  // the calling thread's scratch (qd and sa name each thread's own in the region)
   const float* sap = sa.data();
-#pragma omp parallel if(M * N * K > kParallelWork && !omp_in_parallel())
+#pragma omp parallel if(M * N * K > kParallelWork && !InParallelRegion())
   {
     thread_local std::vector<double> wd_tl;
     thread_local std::vector<float> sw_tl;
@@ -176,7 +177,7 @@ void LinearFp4(const float* x, int64_t M, const Fp4Weight& w, float* y) {
   QuantizeRows(x, M, K, &qd, &sa);
   const double* qdp = qd.data();  // the calling thread's scratch (qd and sa name each thread's own in the region)
   const float* sap = sa.data();
-#pragma omp parallel if(M * N * K > kParallelWork && !omp_in_parallel())
+#pragma omp parallel if(M * N * K > kParallelWork && !InParallelRegion())
   {
     thread_local std::vector<double> wd_tl;
     thread_local std::vector<float> sw_tl;

@@ -677,7 +677,7 @@ namespace {
 // routed experts run one per thread) and never with one tile. Each output
 // element is computed by one lane of one thread either way.
 bool SplitTiles(int64_t macs, int64_t tiles) {
-  return macs >= (int64_t{1} << 17) && tiles >= 2 && omp_get_max_threads() > 1 && !omp_in_parallel();
+  return macs >= (int64_t{1} << 17) && tiles >= 2 && omp_get_max_threads() > 1 && !InParallelRegion();
 }
 
 // The packed linears' per-thread activation scratch (only growing): the
@@ -716,7 +716,7 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* ro
       SparseAttentionRef(q + h0 * D, h1 - h0, D, rows, list_len, sink + h0, softmax_scale, out + h0 * D);
   };
   const int nt = std::min(omp_get_max_threads(), H);
-  if (nt < 2 || omp_in_parallel() || list_len * H * D < (int64_t{1} << 18)) {
+  if (nt < 2 || InParallelRegion() || list_len * H * D < (int64_t{1} << 18)) {
     run(0, H);
     return;
   }
