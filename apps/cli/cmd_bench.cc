@@ -342,10 +342,11 @@ void RunKernels(const KernelArgs& args) {
   // (GEMV kernel "...-fp32-path", GEMM formats "fp4-fp32-path",
   // "fp8-fp32-path"; the name is historical: for the FP4 GEMV that path is
   // now the integer dots of linear_fp4.cc, with FP32 for the groups they
-  // cannot take).
+  // cannot take; a one-row FP4 call takes them with the pair dots on too, so
+  // the two FP4 GEMV rows measure the same code).
   const bool fp4_dot = cpu::Bf16DotSupported() && cpu::ActiveTarget().rfind("AVX3", 0) == 0;
   out["fp4_bf16_dot"] = fp4_dot;
-  std::printf("  BF16 pair dots (VDPBF16PS; FP4, FP8 at M >= 96): %s\n",
+  std::printf("  BF16 pair dots (VDPBF16PS; FP4 at M >= 2, FP8 at M >= 96): %s\n",
               fp4_dot ? "yes (the path without them measured beside: \"fp32-path\")" : "no");
   auto fp32_path = [](const std::function<void()>& f) {
     cpu::SetBf16Dot(false);

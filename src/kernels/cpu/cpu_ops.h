@@ -312,9 +312,10 @@ void ReserveLinearScratch(int64_t M, int64_t K);
 // BF16 pair dots (kernels/cpu/bf16_dot.h has the exactness argument): on the
 // AVX-512 target, when the CPU has AVX512_BF16 and AVX512_VBMI and its
 // VDPBF16PS passed a self-check against the two-step FMA definition, FP4
-// linears (every M: decode GEMVs and prefill GEMMs) and FP8 linears with
-// M >= 96 (prefill) run their products two columns per VDPBF16PS: the same
-// bits as the FP32 path. Bf16DotSupported() says whether this CPU can;
+// linears with M >= 2 (prefill GEMMs, decode calls of several rows; one row
+// takes the integer dots, faster from DRAM: linear_fp4.cc RunFp4Call) and
+// FP8 linears with M >= 96 (prefill) run their products two columns per
+// VDPBF16PS: the same bits as the FP32 path. Bf16DotSupported() says whether this CPU can;
 // SetBf16Dot(false) switches the paths off (tests and benchmarks compare the
 // two; the default is on). Not thread-safe with concurrent kernel calls.
 bool Bf16DotSupported();

@@ -623,7 +623,7 @@ void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
   }
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   if (a.qp != nullptr) {
-    // A CPU with AVX512_BF16: BF16 pair dots (bf16_dot.h), every M.
+    // A CPU with AVX512_BF16: BF16 pair dots (bf16_dot.h), M >= 2 (RunFp4Call).
     Fp4DotArgs d;
     d.K = a.K;
     d.ab = a.ab;
@@ -680,10 +680,15 @@ void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
 }
 
 // Per-target entry (hwy_util-inl.h RunLinearCall). On AVX-512 with the BF16
-// pair dots (bf16_dot.h) the activations are packed as BF16 pairs first.
+// pair dots (bf16_dot.h) the activations of a call with two rows or more are
+// packed as BF16 pairs first. A single row (the decode GEMV) takes the
+// integer dots below instead: from DRAM they ran the expert GEMVs at 73% of
+// the triad against the pair dots' 33% on Zen 4 (whose 512-bit operations
+// are two 256-bit halves), 87-89% against 82% on Zen 5 (bench kernels,
+// `fast` vs `fast-fp32-path`).
 void RunFp4Call(QArgs& a) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  if (Bf16DotActive()) {
+  if (Bf16DotActive() && a.M > 1) {
     ActBuffers& buf = ThreadActBuffers();  // the caller's thread: a.q lives in buf.q, untouched here
     if (static_cast<int64_t>(buf.qp.size()) < a.M * (a.K / 2)) buf.qp.resize(a.M * (a.K / 2));
     if (PackActPairs(a.q, a.M, a.K, a.ldq, buf.qp.data())) a.qp = buf.qp.data();
