@@ -350,8 +350,14 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
   // layout (padded to whole key blocks) for the fast path.
   const bool fast = w_.packed_for_cpu;
   const int64_t Ep = fast ? (E + cpu::kIndexKeyBlock - 1) / cpu::kIndexKeyBlock * cpu::kIndexKeyBlock : E;
+  // One row (a decode step): its keys are packed and scored together, split
+  // over the team (cpu::PackAndScoreIndexKeys, which writes every element it
+  // reads, so the buffer is not zeroed first), instead of the row loop's one
+  // thread; the same bits.
+  const bool one_row = fast && i1 - i0 == 1;
   ReserveInSteps(ws_.idx_keys, Ep * ID, kGrowPositions * ID);
-  std::vector<float>& keys = Zeroed(ws_.idx_keys, Ep * ID);
+  if (one_row) ws_.idx_keys.resize(static_cast<size_t>(Ep * ID));
+  std::vector<float>& keys = one_row ? ws_.idx_keys : Zeroed(ws_.idx_keys, Ep * ID);
   std::vector<uint8_t> cp_keys;
   if (St(s).sharding) {
     std::vector<PagedRowRef> refs(static_cast<size_t>(E));
@@ -360,10 +366,6 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
     GatherPagedRows(m_.cp_comm_, StateKind::kIndexKey, St(s).geometry->of(StateKind::kIndexKey).RegionOf(sch.kv_from),
                     refs.data(), E, cp_keys.data());
   }
-  // One row (a decode step): its keys are packed and scored together, split
-  // over the team (cpu::PackAndScoreIndexKeys), instead of the row loop's one
-  // thread; the same bits.
-  const bool one_row = fast && i1 - i0 == 1;
   std::vector<const uint16_t*>& key_rows = ws_.idx_key_rows;
   ReserveInSteps(key_rows, one_row ? E : 0, kGrowPositions);
   key_rows.resize(one_row ? static_cast<size_t>(E) : 0);
