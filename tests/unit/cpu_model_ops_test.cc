@@ -20,6 +20,7 @@
 
 #include "base/parallel.h"
 #include "format/numerics.h"
+#include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ref/ref_math.h"
 #include "kernels/ref/ref_ops.h"
@@ -336,6 +337,61 @@ TEST(CpuKernels, SparseAttentionPvGuardRefusesAnUnderflowingProduct) {
   });
 }
 
+// The BF16 pair dots' guard (Bf16PairDotsExact, attention_bf16.cc) at the
+// flushing edge: exact products that cancel to a subnormal partial sum, which
+// VDPBF16PS would flush to 0 (the guard's field-sum rule must refuse them; on
+// a CPU without the pair dots both cases run the FP32 path). Scores: row 0's
+// q·k is (2^-120 + 2^-127) - 2^-120 = 2^-127, a softmax scale of 2^126 makes
+// it 0.5, so a flushed score shows in every output. P·V: a zero query gives
+// both rows probability 1, and d = 0 sums the same two values to 2^-127:
+// out[0] = 2^-128 (BF16 0x0020), 0 if flushed. And a subnormal key element
+// (the rule that operands' fields be at least 2).
+TEST(CpuKernels, SparseAttentionPairDotsGuardRefusesSubnormals) {
+  constexpr int64_t D = 64;
+  const int32_t slot[2] = {0, 1};
+  const float sink[1] = {-std::numeric_limits<float>::infinity()};
+  for (const int variant : {0, 1, 2}) {
+    // 0 (scores): row 0 (a, -2^-120, 0, ...), row 1 zero (score 0), q (1, 1, 0, ...).
+    // 1 (P·V): rows (a, 0, ...) and (-2^-120, 0, ...), q zero.
+    // 2 (a subnormal input, which VDPBF16PS reads as 0): row 0 (2^-130, 0, ...),
+    // row 1 zero, q (2^20, 0, ...), scale 2^110: scores 1 and 0 (both 0 if flushed).
+    const bool score_case = variant != 1;
+    std::vector<uint16_t> r0(D, 0), r1(D, 0);
+    std::vector<float> q(D, 0.0f);
+    float scale = 1.0f;
+    if (variant == 2) {
+      r0[0] = 0x0008;  // 8·2^-133
+      q[0] = 0x1p20f;
+      scale = 0x1p110f;
+    } else {
+      r0[0] = FloatToBf16(0x1p-120f + 0x1p-127f);
+      (score_case ? r0[1] : r1[0]) = FloatToBf16(-0x1p-120f);
+      if (score_case) q[0] = q[1] = 1.0f, scale = 0x1p126f;
+    }
+    const uint16_t* kv[2] = {r0.data(), r1.data()};
+    std::vector<float> want(D);
+    ref::SparseAttention(q.data(), 1, D, kv, slot, 2, 2, sink, scale, want.data());
+    if (score_case) {
+      // A flushed score 0 is what a zero scale gives: both probabilities 1.
+      std::vector<float> flushed(D);
+      ref::SparseAttention(q.data(), 1, D, kv, slot, 2, 2, sink, 0.0f, flushed.data());
+      EXPECT_NE(FloatBits(want[0]), FloatBits(flushed[0]));
+    } else {
+      EXPECT_EQ(FloatBits(want[0]), 0x00200000u);
+    }
+    for (const bool dots : {true, false}) {
+      SetBf16Dot(dots);
+      ForEachTarget([&] {
+        std::vector<float> got(D, -1.0f);
+        SparseAttention(q.data(), 1, D, kv, slot, 2, 2, sink, scale, got.data());
+        EXPECT_TRUE(SameBits(got, want)) << "variant " << variant << " pair dots " << dots << ": out[0] "
+                                         << FloatBits(got[0]) << " want " << FloatBits(want[0]);
+      });
+    }
+    SetBf16Dot(true);
+  }
+}
+
 // SparseAttention's key-row widening and exponent range (the FMA guard's input) against a scalar
 // oracle: lengths that end inside and past the vector pairs, zeros of both signs, subnormals of every
 // size, the smallest and largest normal fields, NaN and Inf, all-zero rows.
@@ -376,6 +432,19 @@ TEST(CpuKernels, WidenBf16RowRange) {
         for (int64_t d = 0; d < D; ++d) bad += FloatBits(dst[d]) != static_cast<uint32_t>(src[d]) << 16;
         EXPECT_EQ(bad, 0) << "D=" << D << " kind=" << kind;
         EXPECT_EQ(FloatBits(dst[D]), FloatBits(42.0f)) << "wrote past D=" << D;
+        if (D % 2 == 0 && Bf16DotSupported()) {
+          // The pair dots' rows (bf16_dot.h AttnKeyPairsRow): the same range, element 2p high.
+          std::vector<uint32_t> pairs(D / 2 + 1, 42u);
+          int32_t pmin = -1, pmax = -1;
+          AttnKeyPairsRow(src.data(), D, pairs.data(), &pmin, &pmax);
+          EXPECT_EQ(pmin, want_min) << "pairs D=" << D << " kind=" << kind;
+          EXPECT_EQ(pmax, want_max) << "pairs D=" << D << " kind=" << kind;
+          int64_t bad_pairs = 0;
+          for (int64_t p = 0; p < D / 2; ++p)
+            bad_pairs += pairs[p] != ((static_cast<uint32_t>(src[2 * p]) << 16) | src[2 * p + 1]);
+          EXPECT_EQ(bad_pairs, 0) << "pairs D=" << D << " kind=" << kind;
+          EXPECT_EQ(pairs[D / 2], 42u) << "pairs wrote past D=" << D;
+        }
       }
     }
   });

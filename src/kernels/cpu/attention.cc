@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "format/numerics.h"
+#include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/hwy_util-inl.h"
 #include "kernels/ref/ref_math.h"
@@ -66,6 +67,10 @@ struct AttnScratch {
   int32_t* k_emin;     // [n] per candidate row, over its nonzero elements (255 when none)
   int32_t* k_emax;     // [n] (0 when none; 255: a non-finite element)
   int32_t* pb_emin;    // [chunks][Hp / lanes] over the nonzero pb of a chunk and head vector; -1 if one is NaN
+  // BF16 pair dots (bf16_dot.h, AVX-512 target with AVX512_BF16, D a
+  // multiple of 64, q BF16-exact): null when off.
+  const uint32_t* qp;  // [D/2][Hp] the query's pairs, element 2p in the high word
+  uint32_t* pbp;       // [n][Hp] pb pairs of members i, i+1 at the chunk's i0, i0+2, ...
 };
 // Fused multiply-adds: q·k (BF16 × BF16) and pb·k (pb is BF16-rounded) have
 // at most 16 significant bits, so they are exact in FP32 unless they
@@ -281,9 +286,24 @@ void WidenBf16RowV(const uint16_t* src, int64_t D, float* dst, int32_t* emin, in
 // into kb[(i - i0)·Dp + d] (padding zero; their tails from PvTailStart also
 // to kvt) and dots[i·Hp + h] = Σ_d q[h][d]·k_i[d] (increasing d).
 static_assert(kScoreBlock == 8, "Scores' switch covers blocks of up to 8 candidates");
-void Scores(int64_t D, int64_t Dp, int64_t Hp, int i0, int i1, float* kb, const AttnScratch& w) {
+void Scores(int64_t D, int64_t Dp, int64_t Hp, int i0, int i1, float* kb, uint32_t* kp, const AttnScratch& w) {
   const int64_t dt = PvTailStart(D, Dp), tw = Dp - dt;
   int32_t bmin = 255, bmax = 0;  // the block's key exponent range
+  if (w.qp != nullptr) {
+    // Pair dots: the rows as pairs (no tails: D is a multiple of the tiles),
+    // the widened rows only where the guard refuses the block.
+    for (int i = i0; i < i1; ++i) {
+      AttnKeyPairsRow(w.kv[i], D, kp + (i - i0) * (D / 2), &w.k_emin[i], &w.k_emax[i]);
+      bmin = std::min(bmin, w.k_emin[i]);
+      bmax = std::max(bmax, w.k_emax[i]);
+    }
+    if (Bf16PairDotsExact(w.q_emin, w.q_emax, bmin, bmax)) {
+      for (int64_t h0 = 0; h0 < Hp; h0 += kLanes)
+        AttnScorePairs(w.qp, Hp, D, kp, D / 2, i1 - i0, h0, w.dots + i0 * Hp);
+      return;
+    }
+    bmin = 255, bmax = 0;
+  }
   for (int i = i0; i < i1; ++i) {
     float* row = kb + (i - i0) * Dp;
     int32_t rmin, rmax;
@@ -350,6 +370,16 @@ void Stats(const int32_t* slot, const AttnChunk* chunks, int nchunks, int64_t Hp
     }
     w.pb_emin[c * (Hp / static_cast<int64_t>(kLanes)) + v] =
         hn::GetLane(hn::MaxOfLanes(di, emax)) < 255 ? hn::GetLane(hn::MinOfLanes(di, emin)) : -1;
+    if (w.pbp != nullptr) {
+      // Pairs for the P·V pair dots: member i's BF16 bits high, i+1's low.
+      const hn::RebindToUnsigned<DF> du;
+      for (int i = ch.i0; i < ch.i1; i += 2) {
+        const auto hi = hn::And(hn::BitCast(du, hn::Load(df, w.pb + i * Hp + h0)), hn::Set(du, 0xFFFF0000u));
+        const auto lo = i + 1 < ch.i1 ? hn::ShiftRight<16>(hn::BitCast(du, hn::Load(df, w.pb + (i + 1) * Hp + h0)))
+                                      : hn::Zero(du);
+        hn::Store(hn::Or(hi, lo), du, w.pbp + i * Hp + h0);
+      }
+    }
     sum_exp = hn::Add(hn::Mul(sum_exp, rescale), TorchSumV(w.pt + h0, Hp, ch.clen));
     m = m_new;
   }
@@ -466,6 +496,11 @@ void Pv(const AttnChunk* chunks, int nchunks, int64_t H, int64_t Hp, int64_t D, 
         int32_t pmin = 255;  // the tile's heads' pb range (-1: a NaN)
         for (int64_t hv = h0 / static_cast<int64_t>(kLanes); hv <= (h0 + ht - 1) / static_cast<int64_t>(kLanes); ++hv)
           pmin = std::min(pmin, w.pb_emin[c * nvec + hv]);
+        if (w.pbp != nullptr && pmin >= 0 && Bf16PairDotsExact(pmin, 127, kmin, kmax)) {
+          // Whole tiles only: D is a multiple of kPvStep when w.pbp is set.
+          AttnPvPairs(w.kv, w.pbp, Hp, chunks[c].i0, chunks[c].i1, h0, ht, d0, w.rescale + c * Hp + h0, a);
+          return;
+        }
         const bool fma = pmin >= 0 && Bf16FieldsProductsExact(pmin, 127, kmin, kmax);  // pb <= 1
         auto run = [&](auto fma_c) {
           constexpr bool kF = decltype(fma_c)::value;
@@ -550,6 +585,18 @@ struct GrowBuf {
     return p.get();
   }
 };
+// The same for the pair dots' BF16 pairs.
+struct GrowU32Buf {
+  hwy::AlignedFreeUniquePtr<uint32_t[]> p;
+  int64_t cap = 0;
+  uint32_t* Get(int64_t n) {
+    if (n > cap) {
+      cap = std::max(n, cap + cap / 2);
+      p = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(cap));
+    }
+    return p.get();
+  }
+};
 // The same for the guard's int32 exponents.
 struct GrowIntBuf {
   std::vector<int32_t> v;
@@ -618,6 +665,24 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
   w.k_emin = kmin_buf.Get(n_cap);
   w.k_emax = kmax_buf.Get(n_cap);
   w.pb_emin = pbe_buf.Get(chunk_cap * (Hp / L));
+  // BF16 pair dots (bf16_dot.h): on the AVX-512 target (16 lanes) of a CPU
+  // with them, for a BF16-exact query and D a multiple of the P·V tiles (so
+  // no tile is partial); the query's pairs here, the keys' per score block,
+  // the probabilities' in the softmax statistics.
+  w.qp = nullptr;
+  w.pbp = nullptr;
+  const bool pairs = L == 16 && D % 64 == 0 && w.q_exact && Bf16DotActive();
+  thread_local GrowU32Buf qp_buf, pbp_buf;
+  if (pairs) {
+    uint32_t* qp = qp_buf.Get((D / 2) * Hp);
+    for (int64_t p = 0; p < D / 2; ++p) {
+      for (int h = 0; h < H; ++h)
+        qp[p * Hp + h] = (FloatBits(q[h * D + 2 * p]) & 0xFFFF0000u) | (FloatBits(q[h * D + 2 * p + 1]) >> 16);
+      for (int64_t h = H; h < Hp; ++h) qp[p * Hp + h] = 0;
+    }
+    w.qp = qp;
+    w.pbp = pbp_buf.Get(n_cap * Hp);
+  }
   const AttnChunk* ch = chunks.data();
   // A team only for a large call (a fork/join costs more than a short list's
   // work) made outside any parallel region: inside one (the model's row loop,
@@ -632,10 +697,12 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
 #pragma omp parallel if (par)
   {
     thread_local GrowBuf kb_buf, acc_buf;  // each thread's widened score block and P·V sums
+    thread_local GrowU32Buf kp_buf;        // and its pair rows
     float* kb = kb_buf.Get(kScoreBlock * Dp);
+    uint32_t* kp = pairs ? kp_buf.Get(kScoreBlock * (D / 2)) : nullptr;
     float* acc = acc_buf.Get(unit_acc);
 #pragma omp for schedule(static)
-    for (int i0 = 0; i0 < n; i0 += kScoreBlock) scores(D, Dp, Hp, i0, std::min(n, i0 + kScoreBlock), kb, w);
+    for (int i0 = 0; i0 < n; i0 += kScoreBlock) scores(D, Dp, Hp, i0, std::min(n, i0 + kScoreBlock), kb, kp, w);
 #pragma omp for schedule(static)
     for (int64_t v = 0; v < Hp / L; ++v) stats(slot, ch, nchunks, Hp, v, softmax_scale, w);
 #pragma omp for schedule(static)

@@ -74,4 +74,28 @@ void Fp8Bf16DotConvertBlock(const uint8_t* wt, uint32_t* wp);
 void Fp8Bf16DotBlockMicro(const uint32_t* wp, int64_t npairs, int64_t roff, const uint32_t* qp, int64_t ldqp,
                           const float* sa, int64_t lds, const float* sw, float* acc, int v, int mt);
 
+// ---- Sparse attention (attention.cc, AVX-512 target, D a multiple of 64):
+// the q·k and pb·k products two elements per VDPBF16PS where
+// Bf16PairDotsExact (linear_common.h) holds for the operands' exponent
+// fields (attention_bf16.cc has the argument): the same bits as the FP32
+// path. Only call when Bf16DotActive().
+//
+// A key row as pairs, element d in the high word: dst[p] = src[2p] << 16 |
+// src[2p+1] for p < D/2 (D even), and the row's exponent fields as
+// WidenBf16Row (cpu_ops.h) gives them.
+void AttnKeyPairsRow(const uint16_t* src, int64_t D, uint32_t* dst, int32_t* emin, int32_t* emax);
+// dots[j·Hp + h] = Σ_d q[h][d]·k_j[d] in increasing d for candidates
+// j < nc (1..8) and the 16 heads h0..h0+15; qp [D/2][Hp]: the query's pairs
+// (q[h][2p] << 16 | q[h][2p+1], BF16 bits), kp: the candidates' pair rows
+// (AttnKeyPairsRow), row stride ldk dwords; qp and dots 64-byte aligned.
+void AttnScorePairs(const uint32_t* qp, int64_t Hp, int64_t D, const uint32_t* kp, int64_t ldk, int nc, int64_t h0,
+                    float* dots);
+// One P·V register tile over one chunk's members i0..i1-1: heads h0..h0+ht-1
+// (ht 1..4) × d0..d0+63 of the BF16 rows kv[i]; part = Σ_i pb[i][h]·k_i[d] in
+// member order, then acc = acc·rescale[t] + part, acc [ht][64] FP32 (64-byte
+// aligned, natural d order). pbp[i·Hp + h] for i = i0, i0+2, ...: pb[i][h]
+// << 16 | pb[i+1][h] (BF16 bits; 0 past the chunk's last member).
+void AttnPvPairs(const uint16_t* const* kv, const uint32_t* pbp, int64_t Hp, int i0, int i1, int64_t h0, int ht,
+                 int64_t d0, const float* rescale, float* acc);
+
 }  // namespace deepinfer::cpu

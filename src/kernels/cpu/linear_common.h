@@ -108,6 +108,18 @@ inline bool Bf16FieldsProductsExact(int amin, int amax, int bmin, int bmax) {
          (amax - 127) + (bmax - 127) <= kBf16FmaMaxExpSum;
 }
 
+// The guard of the sparse attention's BF16 pair dots (attention_bf16.cc),
+// which flush subnormal inputs and outputs (VDPBF16PS): on top of
+// Bf16FieldsProductsExact, no operand is subnormal (fields >= 2: a field 1
+// is refused too, as the ranges count a subnormal's 0 as 1) and the smallest
+// product's lowest bit, 2^(amin + bmin - 268) for significands of 8 bits, is
+// at least 2^-126, so every partial sum (a multiple of it) is 0 or normal.
+inline constexpr int kBf16PairMinFieldSum = 142;
+inline bool Bf16PairDotsExact(int amin, int amax, int bmin, int bmax) {
+  return Bf16FieldsProductsExact(amin, amax, bmin, bmax) && amin >= 2 && bmin >= 2 &&
+         amin + bmin >= kBf16PairMinFieldSum;
+}
+
 // Binary exponent range of the nonzero values (subnormals count as -150, so
 // they fail the guard), whether every value is finite, and whether every
 // value is exactly a BF16.
