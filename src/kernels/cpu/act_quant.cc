@@ -93,14 +93,17 @@ int64_t ThisTarget() { return HWY_TARGET; }
 
 // The calling thread's scratch of the block GEMM path (hwy_util-inl.h: the
 // packed activations and BlockScratch) for calls of up to M rows of K, on the
-// targets that take that path (AVX2) from kBlockGemmMinM rows.
+// targets that take that path (AVX2) from kBlockGemmMinM rows; on the others
+// the accumulators of the BF16 pair dots' block path (linear_fp4.cc
+// RunFp4DotItems, from kBlockGemmMinM rows).
 void ReserveBlockScratch(int64_t M, int64_t K) {
+  if (M < kBlockGemmMinM) return;
   if constexpr (kUseBlockGemm) {
-    if (M >= kBlockGemmMinM) {
-      PackedActBuffer(M, K);
-      constexpr int64_t kMaxBlock = 128;  // the widest K block a block GEMM converts (FP8, 128×128 scales)
-      ThreadBlockScratch().Resize(kMaxBlock * kTileRows, std::min<int64_t>(M, 96) * kTileRows);
-    }
+    PackedActBuffer(M, K);
+    constexpr int64_t kMaxBlock = 128;  // the widest K block a block GEMM converts (FP8, 128×128 scales)
+    ThreadBlockScratch().Resize(kMaxBlock * kTileRows, std::min<int64_t>(M, 96) * kTileRows);
+  } else {
+    ThreadBlockScratch().Resize(0, std::min<int64_t>(M, 96) * kTileRows);
   }
 }
 

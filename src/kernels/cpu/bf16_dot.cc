@@ -305,7 +305,8 @@ inline __m512i E4M3Bf16(__m128i codes) {
   return _mm512_or_si512(_mm512_mask_mov_epi32(normal, is_sub, sub), sign);
 }
 
-template <int V, int MT>
+// kRowScales: sw holds one weight scale per row (FP4), else one per 16 rows (FP8).
+template <int V, int MT, bool kRowScales = false>
 inline void BlockMicro(const uint32_t* wp, int64_t npairs, int64_t roff, const uint32_t* qp, int64_t ldqp,
                        const float* sa, int64_t lds, const float* sw, float* acc) {
   __m512 part[MT][V];
@@ -328,23 +329,23 @@ inline void BlockMicro(const uint32_t* wp, int64_t npairs, int64_t roff, const u
     const __m512 s = _mm512_set1_ps(sa[m * lds]);
 #pragma GCC unroll 8
     for (int v = 0; v < V; ++v) {
-      const __m512 swv = _mm512_set1_ps(sw[(roff + v * 16) / 16]);
+      const __m512 swv = kRowScales ? _mm512_loadu_ps(sw + roff + v * 16) : _mm512_set1_ps(sw[(roff + v * 16) / 16]);
       float* p = acc + m * kTileRows + v * 16;
       _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), _mm512_mul_ps(_mm512_mul_ps(part[m][v], s), swv)));
     }
   }
 }
 
-template <int V>
+template <int V, bool kRowScales = false>
 void BlockMicroMT(const uint32_t* wp, int64_t npairs, int64_t roff, const uint32_t* qp, int64_t ldqp,
                   const float* sa, int64_t lds, const float* sw, float* acc, int mt) {
   switch (mt) {
-    case 1: BlockMicro<V, 1>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
-    case 2: BlockMicro<V, 2>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
-    case 3: BlockMicro<V, 3>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
-    case 4: BlockMicro<V, 4>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
-    case 5: BlockMicro<V, 5>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
-    default: BlockMicro<V, 6>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
+    case 1: BlockMicro<V, 1, kRowScales>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
+    case 2: BlockMicro<V, 2, kRowScales>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
+    case 3: BlockMicro<V, 3, kRowScales>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
+    case 4: BlockMicro<V, 4, kRowScales>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
+    case 5: BlockMicro<V, 5, kRowScales>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
+    default: BlockMicro<V, 6, kRowScales>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc); break;
   }
 }
 
@@ -371,6 +372,36 @@ void Fp8Bf16DotBlockMicro(const uint32_t* wp, int64_t npairs, int64_t roff, cons
     default: BlockMicroMT<4>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc, mt); break;
   }
 }
+// ---------------------------------------------------------------- FP4 blocks
+void Fp4Bf16DotConvertGroup(const uint8_t* wt, const uint8_t* st, int64_t g, uint32_t* wp, float* sw) {
+  const __m512i tbl = _mm512_load_si512(kE2M1Bf16x2);
+  const uint32_t* w32 = reinterpret_cast<const uint32_t*>(wt) + g * 4 * kTileRows;
+  const uint8_t* sg = st + g * kTileRows;
+  for (int64_t r = 0; r < kTileRows; r += 16)
+    _mm512_store_ps(sw + r, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sg + r))), 23)));
+  for (int64_t j = 0; j < 4; ++j) {
+    for (int64_t r = 0; r < kTileRows; r += 16) {
+      const __m512i x = _mm512_loadu_si512(w32 + j * kTileRows + r);
+      uint32_t* o = wp + (4 * j) * kTileRows + r;
+      _mm512_store_si512(o, _mm512_permutexvar_epi16(PairIndex<0>(x), tbl));
+      _mm512_store_si512(o + kTileRows, _mm512_permutexvar_epi16(PairIndex<1>(x), tbl));
+      _mm512_store_si512(o + 2 * kTileRows, _mm512_permutexvar_epi16(PairIndex<2>(x), tbl));
+      _mm512_store_si512(o + 3 * kTileRows, _mm512_permutexvar_epi16(PairIndex<3>(x), tbl));
+    }
+  }
+}
+
+void Fp4Bf16DotBlockMicro(const uint32_t* wp, int64_t roff, const uint32_t* qp, int64_t ldqp, const float* sa,
+                          int64_t lds, const float* sw, float* acc, int v, int mt) {
+  switch (v) {
+    case 1: BlockMicroMT<1, true>(wp, 16, roff, qp, ldqp, sa, lds, sw, acc, mt); break;
+    case 2: BlockMicroMT<2, true>(wp, 16, roff, qp, ldqp, sa, lds, sw, acc, mt); break;
+    case 3: BlockMicroMT<3, true>(wp, 16, roff, qp, ldqp, sa, lds, sw, acc, mt); break;
+    default: BlockMicroMT<4, true>(wp, 16, roff, qp, ldqp, sa, lds, sw, acc, mt); break;
+  }
+}
+
 #pragma GCC pop_options
 
 #pragma GCC diagnostic pop
@@ -385,6 +416,9 @@ void Fp4Bf16DotMicro(const Fp4DotArgs&, const uint8_t*, const uint8_t*, int64_t,
 void Fp8Bf16DotConvertBlock(const uint8_t*, uint32_t*) {}
 void Fp8Bf16DotBlockMicro(const uint32_t*, int64_t, int64_t, const uint32_t*, int64_t, const float*, int64_t,
                           const float*, float*, int, int) {}
+void Fp4Bf16DotConvertGroup(const uint8_t*, const uint8_t*, int64_t, uint32_t*, float*) {}
+void Fp4Bf16DotBlockMicro(const uint32_t*, int64_t, const uint32_t*, int64_t, const float*, int64_t, const float*,
+                          float*, int, int) {}
 
 #endif
 

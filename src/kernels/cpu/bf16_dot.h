@@ -74,6 +74,20 @@ void Fp8Bf16DotConvertBlock(const uint8_t* wt, uint32_t* wp);
 void Fp8Bf16DotBlockMicro(const uint32_t* wp, int64_t npairs, int64_t roff, const uint32_t* qp, int64_t ldqp,
                           const float* sa, int64_t lds, const float* sw, float* acc, int v, int mt);
 
+// ---- FP4 prefill GEMM (M >= kFp4BlockDotMinM, linear_fp4.cc): the tile's
+// 32-column group g converted once per m-chunk into BF16 pairs and run by
+// every 6-row group of the chunk (instead of converted per 4 rows inside
+// Fp4Bf16DotMicro). wt, st: the packed FP4 tile and its scale bytes (pack.cc);
+// wp[k2·64 + r] = (BF16 of w[r][32g+2k2]) << 16 | BF16 of w[r][32g+2k2+1]
+// (E2M1 values × 2^-120, as Fp4Bf16DotMicro); sw[r] = 2^(s_w[r][g] - 127).
+void Fp4Bf16DotConvertGroup(const uint8_t* wt, const uint8_t* st, int64_t g, uint32_t* wp, float* sw);
+// Fp8Bf16DotBlockMicro's step for one such group (16 pairs) with per-row
+// weight scales: part = Σ over the pairs in order, then acc[m·64 + r] +=
+// (part·sa[m·lds])·sw[r], the reference's group step (ref::LinearFp4). qp:
+// pairs of row m0 at the group's first pair, row stride ldqp.
+void Fp4Bf16DotBlockMicro(const uint32_t* wp, int64_t roff, const uint32_t* qp, int64_t ldqp, const float* sa,
+                          int64_t lds, const float* sw, float* acc, int v, int mt);
+
 // ---- Sparse attention (attention.cc, AVX-512 target, D a multiple of 64):
 // the q·k and pb·k products two elements per VDPBF16PS where
 // Bf16PairDotsExact (linear_common.h) holds for the operands' exponent
