@@ -536,13 +536,18 @@ TEST(CpuKernels, LinearBf16BlockGemmBitIdentical) {
 // BF16 GEMM with products that underflow (activations near 2^-126) or come
 // near overflow: the FMA guard (linear_common.h Bf16FmaExact) must send
 // these to the multiply-then-add path; same bits as the reference.
+// Cases 6 and 7: activations near 2^-120, whose products with the weights
+// (2^-9 .. 2^2) are exact (FMAs allowed) but some below 2^-126: the BF16 pair
+// dots (AVX-512 with AVX512_BF16, from 32 rows) would flush them, so their
+// guard (Bf16PairDotsExactRanges) must refuse the call.
 TEST(CpuKernels, LinearBf16ExtremeRangesBitIdentical) {
   ForEachTarget([&] {
     const int64_t N = 70, K = 96;
-    for (int c = 0; c < 6; ++c) {
-      const int64_t M = c < 3 ? 20 : 130;  // 130: the AVX2 BF16 block GEMM (multiply, then add)
-      const int e = c % 3;
-      const float lo = e == 0 ? -128.0f : (e == 1 ? 110.0f : -20.0f), hi = e == 0 ? -110.0f : (e == 1 ? 127.0f : 20.0f);
+    for (int c = 0; c < 8; ++c) {
+      const int64_t M = c < 3 ? 20 : (c < 6 ? 130 : 64);  // 130: the AVX2 BF16 block GEMM (multiply, then add)
+      const int e = c < 6 ? c % 3 : 3;
+      const float lo = e == 0 ? -128.0f : (e == 1 ? 110.0f : (e == 2 ? -20.0f : -121.0f)),
+                  hi = e == 0 ? -110.0f : (e == 1 ? 127.0f : (e == 2 ? 20.0f : -119.0f));
       const std::vector<uint16_t> w = RandomBf16(N * K, 900 + c);
       std::vector<float> x = RandomActs(M * K, 910 + c, lo, hi);
       const ref::Bf16Weight view{w.data(), N, K};
@@ -551,6 +556,10 @@ TEST(CpuKernels, LinearBf16ExtremeRangesBitIdentical) {
       ref::LinearBf16(x.data(), M, view, want.data());
       LinearBf16(x.data(), M, p, got.data());
       EXPECT_TRUE(SameBits(got, want)) << "case " << c;
+      if (c >= 6) {
+        LinearBf16(x.data(), M, p, got.data(), /*pairs=*/true);
+        EXPECT_TRUE(SameBits(got, RefBf16Pairs(x, M, w, N, K, K, 0, 0))) << "pairs, case " << c;
+      }
     }
   });
 }

@@ -255,7 +255,7 @@ static inline __m256i PairsOf(__m512 v, __m512i shift, __m512i& bad) {
   return _mm512_cvtepi64_epi32(d);
 }
 
-bool PackActPairs(const float* q, int64_t M, int64_t K, int64_t ldq, uint32_t* qp, int exp_shift) {
+bool PackActPairs(const float* q, int64_t M, int64_t K, int64_t ldq, uint32_t* qp, int exp_shift, bool swap) {
   if (K % 32 != 0) return false;
   __m512i bad = _mm512_setzero_si512();
   const __m512i shift = _mm512_set1_epi32(exp_shift << 23);
@@ -265,7 +265,8 @@ bool PackActPairs(const float* q, int64_t M, int64_t K, int64_t ldq, uint32_t* q
     for (int64_t k = 0; k < K; k += 32) {
       const __m256i lo = PairsOf(_mm512_loadu_ps(qr + k), shift, bad);
       const __m256i hi = PairsOf(_mm512_loadu_ps(qr + k + 16), shift, bad);
-      _mm512_storeu_si512(o + k / 2, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+      const __m512i d = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      _mm512_storeu_si512(o + k / 2, swap ? _mm512_rol_epi32(d, 16) : d);
     }
   }
   return _mm512_test_epi32_mask(bad, bad) == 0;
@@ -372,6 +373,69 @@ void Fp8Bf16DotBlockMicro(const uint32_t* wp, int64_t npairs, int64_t roff, cons
     default: BlockMicroMT<4>(wp, npairs, roff, qp, ldqp, sa, lds, sw, acc, mt); break;
   }
 }
+// ---------------------------------------------------------------- BF16 blocks
+namespace {
+template <int V, int MT>
+inline void AccMicro(const uint32_t* wp, int64_t npairs, const uint32_t* qp, int64_t ldqp, float* acc) {
+  __m512 c[MT][V];
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < V; ++v) c[m][v] = _mm512_load_ps(acc + m * kTileRows + v * 16);
+#pragma GCC unroll 4
+  for (int64_t k2 = 0; k2 < npairs; ++k2) {
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      const __m512bh w = reinterpret_cast<__m512bh>(_mm512_load_si512(wp + k2 * kTileRows + v * 16));
+#pragma GCC unroll 8
+      for (int m = 0; m < MT; ++m)
+        c[m][v] = _mm512_dpbf16_ps(c[m][v], w,
+                                   reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(qp[m * ldqp + k2]))));
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int v = 0; v < V; ++v) _mm512_store_ps(acc + m * kTileRows + v * 16, c[m][v]);
+}
+template <int V>
+void AccMicroMT(const uint32_t* wp, int64_t npairs, const uint32_t* qp, int64_t ldqp, float* acc, int mt) {
+  switch (mt) {
+    case 1: AccMicro<V, 1>(wp, npairs, qp, ldqp, acc); break;
+    case 2: AccMicro<V, 2>(wp, npairs, qp, ldqp, acc); break;
+    case 3: AccMicro<V, 3>(wp, npairs, qp, ldqp, acc); break;
+    case 4: AccMicro<V, 4>(wp, npairs, qp, ldqp, acc); break;
+    case 5: AccMicro<V, 5>(wp, npairs, qp, ldqp, acc); break;
+    default: AccMicro<V, 6>(wp, npairs, qp, ldqp, acc); break;
+  }
+}
+}  // namespace
+
+void Bf16Bf16DotConvertBlock(const uint16_t* wt, int64_t npairs, bool pairs_order, uint32_t* wp) {
+  for (int64_t k2 = 0; k2 < npairs; ++k2) {
+    const uint16_t* ca = wt + (2 * k2) * kTileRows;  // column 2k2, then 2k2+1
+    const uint16_t* cb = ca + kTileRows;
+    for (int64_t r = 0; r < kTileRows; r += 32) {
+      const __m512i a = _mm512_loadu_si512(ca + r), b = _mm512_loadu_si512(cb + r);
+      // Dword = first-added column (high word) | second (low word).
+      const __m512i hi = pairs_order ? b : a, lo = pairs_order ? a : b;
+      const __m512i d0 = _mm512_unpacklo_epi16(lo, hi), d1 = _mm512_unpackhi_epi16(lo, hi);
+      // unpacklo/hi interleave per 128-bit lane: rows r+0..3, 8..11, ... and
+      // r+4..7, 12..15, ...: put them back in row order.
+      _mm512_store_si512(wp + k2 * kTileRows + r,
+                         _mm512_permutex2var_epi64(d0, _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), d1));
+      _mm512_store_si512(wp + k2 * kTileRows + r + 16,
+                         _mm512_permutex2var_epi64(d0, _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4), d1));
+    }
+  }
+}
+
+void Bf16Bf16DotBlockMicro(const uint32_t* wp, int64_t npairs, const uint32_t* qp, int64_t ldqp, float* acc, int v,
+                           int mt) {
+  switch (v) {
+    case 1: AccMicroMT<1>(wp, npairs, qp, ldqp, acc, mt); break;
+    case 2: AccMicroMT<2>(wp, npairs, qp, ldqp, acc, mt); break;
+    case 3: AccMicroMT<3>(wp, npairs, qp, ldqp, acc, mt); break;
+    default: AccMicroMT<4>(wp, npairs, qp, ldqp, acc, mt); break;
+  }
+}
+
 // ---------------------------------------------------------------- FP4 blocks
 void Fp4Bf16DotConvertGroup(const uint8_t* wt, const uint8_t* st, int64_t g, uint32_t* wp, float* sw) {
   const __m512i tbl = _mm512_load_si512(kE2M1Bf16x2);
@@ -411,7 +475,9 @@ void Fp4Bf16DotBlockMicro(const uint32_t* wp, int64_t roff, const uint32_t* qp, 
 bool Bf16DotSupported() { return false; }
 void SetBf16Dot(bool) {}
 bool Bf16DotActive() { return false; }
-bool PackActPairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int) { return false; }
+bool PackActPairs(const float*, int64_t, int64_t, int64_t, uint32_t*, int, bool) { return false; }
+void Bf16Bf16DotConvertBlock(const uint16_t*, int64_t, bool, uint32_t*) {}
+void Bf16Bf16DotBlockMicro(const uint32_t*, int64_t, const uint32_t*, int64_t, float*, int, int) {}
 void Fp4Bf16DotMicro(const Fp4DotArgs&, const uint8_t*, const uint8_t*, int64_t, int64_t, int, int, float*) {}
 void Fp8Bf16DotConvertBlock(const uint8_t*, uint32_t*) {}
 void Fp8Bf16DotBlockMicro(const uint32_t*, int64_t, int64_t, const uint32_t*, int64_t, const float*, int64_t,

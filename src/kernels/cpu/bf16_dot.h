@@ -40,9 +40,11 @@ bool Bf16DotActive();
 // qp[m·K/2 + p] for rows m < M of q (row stride ldq, K a multiple of 32),
 // each nonzero value first scaled by 2^-exp_shift (exact: an exponent
 // change; 0 for FP4, 20 for FP8 below); false (qp unusable) when a value is
-// not finite, not exactly a BF16 or too small to stay normal. Only call when
+// not finite, not exactly a BF16 or too small to stay normal. swap: q[2p+1]
+// in the high word instead (ref::DotBf16's pair order). Only call when
 // Bf16DotActive().
-bool PackActPairs(const float* q, int64_t M, int64_t K, int64_t ldq, uint32_t* qp, int exp_shift = 0);
+bool PackActPairs(const float* q, int64_t M, int64_t K, int64_t ldq, uint32_t* qp, int exp_shift = 0,
+                  bool swap = false);
 
 // The micro-tile of rows [roff, roff + 16·v) of one packed 64-row tile (wt:
 // its FP4 dwords, st: its UE8M0 scale bytes, pack.cc layout) × activation
@@ -73,6 +75,20 @@ void Fp8Bf16DotConvertBlock(const uint8_t* wt, uint32_t* wp);
 // the block's first pair, row stride ldqp.
 void Fp8Bf16DotBlockMicro(const uint32_t* wp, int64_t npairs, int64_t roff, const uint32_t* qp, int64_t ldqp,
                           const float* sa, int64_t lds, const float* sw, float* acc, int v, int mt);
+
+// ---- BF16 prefill GEMM (linear_bf16.cc, Bf16PairDotsExactRanges): one
+// running FP32 sum per output over all K, as ref::LinearBf16 / DotBf16, two
+// columns per VDPBF16PS. wt: a packed BF16 tile at column 2·p0 (pack.cc:
+// [k][64 rows]); wp[k2·64 + r] = the BF16 bits of w[r][2k2] << 16 | w[r][2k2+1]
+// (relative to the block), the two swapped when pairs_order (column 2k2+1
+// added first).
+void Bf16Bf16DotConvertBlock(const uint16_t* wt, int64_t npairs, bool pairs_order, uint32_t* wp);
+// acc[m·64 + r] (the running sums of activation rows m0 + m, m < mt <= 6, and
+// outputs r < 16·v <= 64) continued over npairs pairs: per pair, the high
+// word's product, then the low word's. qp: the rows' pairs at the block
+// (PackActPairs, swapped for pairs_order), row stride ldqp; acc 64-byte aligned.
+void Bf16Bf16DotBlockMicro(const uint32_t* wp, int64_t npairs, const uint32_t* qp, int64_t ldqp, float* acc, int v,
+                           int mt);
 
 // ---- FP4 prefill GEMM (M >= kFp4BlockDotMinM, linear_fp4.cc): the tile's
 // 32-column group g converted once per m-chunk into BF16 pairs and run by

@@ -71,6 +71,9 @@ struct QArgs {
   int64_t group_rows = 0;         // grouped wo_a: outputs per group (R), 0 = plain
   int64_t group_in = 0;           // grouped wo_a: input columns per group (Kg)
   bool fma = false;               // BF16: every product exact (Bf16FmaExact)
+  // BF16: the products also take the BF16 pair dots (fma, and no operand or
+  // partial sum subnormal: Bf16PairDotsExactRanges); qp then holds the pairs.
+  bool pair_dots_exact = false;
   // BF16 linears, small M: the weight's 8-bit decode copy (PackedBf16::w8,
   // s8), used when set (RunBf16 checks that every x·s8 and product is exact).
   const uint8_t* w8 = nullptr;
@@ -175,6 +178,14 @@ inline bool Bf16FmaExact(const ExpRange& x, const ExpRange& w) {
   if (!x.finite || !w.finite || !x.bf16) return false;
   if (!x.any_nonzero || !w.any_nonzero) return true;
   return x.lo + w.lo >= kBf16FmaMinExpSum && x.hi + w.hi <= kBf16FmaMaxExpSum;
+}
+// Bf16PairDotsExact's rule on ExpRanges (binary exponents, a subnormal
+// counted as -150, so it fails): the products exact and the smallest one's
+// lowest bit, 2^(x.lo + w.lo - 14), at least 2^-126.
+inline bool Bf16PairDotsExactRanges(const ExpRange& x, const ExpRange& w) {
+  if (!Bf16FmaExact(x, w)) return false;
+  if (!x.any_nonzero || !w.any_nonzero) return true;
+  return x.lo + w.lo >= kBf16PairMinFieldSum - 2 * 127;
 }
 
 // ---------------------------------------------------------------- block GEMM
