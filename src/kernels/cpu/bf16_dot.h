@@ -1,7 +1,9 @@
-// deepinfer/kernels/cpu/bf16_dot.h — the FP4 linear's products as BF16
-// pair dots (VDPBF16PS) on x86 CPUs with AVX512_BF16 and AVX512_VBMI (Zen 4/5,
-// Sapphire Rapids and later), M >= 2 (RunFp4Call). Not a public header: used
-// by linear_fp4.cc's AVX-512 path; cpu_ops.h exposes the switch.
+// deepinfer/kernels/cpu/bf16_dot.h — products as BF16 pair dots
+// (VDPBF16PS) on x86 CPUs with AVX512_BF16 and AVX512_VBMI (Zen 4/5, Sapphire
+// Rapids and later): the FP4 linears from 2 rows (RunFp4Call), the FP8
+// linears from 96, the BF16 linears from 32 (linear_bf16.cc) and the sparse
+// attention (attention.cc). Not a public header: used by those kernels'
+// AVX-512 paths; cpu_ops.h exposes the switch.
 //
 // Exactness: VDPBF16PS computes, per FP32 lane, c + a_hi·b_hi then + a_lo·b_lo,
 // each an FMA rounded to nearest even with denormal inputs and outputs

@@ -219,7 +219,9 @@ void HcMixes(const float* X, int64_t M, int hc, int64_t d, const PackedF32& fn, 
              float* pre, float* post, float* comb);
 // As ref::SparseAttention (one query row, all heads). The q·k dot products
 // and the softmax statistics run 16 (AVX-512) heads per vector, each lane in
-// the reference's order; P·V runs in register tiles of heads × d. A large
+// the reference's order; P·V runs in register tiles of heads × d. On AVX-512
+// CPUs with AVX512_BF16 the q·k and pb·k products take the BF16 pair dots
+// where their exponent ranges allow (bf16_dot.h, "Sparse attention"). A large
 // call made outside any parallel region splits the work over the OpenMP team
 // (inside one, e.g. the model's row loop, it runs on the calling thread).
 void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv, const int32_t* slot, int n,
@@ -313,9 +315,11 @@ void ReserveLinearScratch(int64_t M, int64_t K);
 // AVX-512 target, when the CPU has AVX512_BF16 and AVX512_VBMI and its
 // VDPBF16PS passed a self-check against the two-step FMA definition, FP4
 // linears with M >= 2 (prefill GEMMs, decode calls of several rows; one row
-// takes the integer dots, faster from DRAM: linear_fp4.cc RunFp4Call) and
-// FP8 linears with M >= 96 (prefill) run their products two columns per
-// VDPBF16PS: the same bits as the FP32 path. Bf16DotSupported() says whether this CPU can;
+// takes the integer dots, faster from DRAM: linear_fp4.cc RunFp4Call), FP8
+// linears with M >= 96 (prefill), BF16 linears with M >= 32 whose operands'
+// exponent ranges allow (Bf16PairDotsExactRanges) and the sparse attention's
+// products (SparseAttention) run two products per VDPBF16PS: the same bits
+// as the FP32 path. Bf16DotSupported() says whether this CPU can;
 // SetBf16Dot(false) switches the paths off (tests and benchmarks compare the
 // two; the default is on). Not thread-safe with concurrent kernel calls.
 bool Bf16DotSupported();
