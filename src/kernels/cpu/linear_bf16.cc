@@ -33,9 +33,14 @@ namespace HWY_NAMESPACE {
 // path is 5-12% faster (the micro-tile streams the tile's 640 KB of weights
 // once per 3 rows: L2-sized). Multiply-then-add: the block path is 30-50%
 // faster from 64 rows (76-98 -> 102-145 GFLOP/s) and 10% slower at 16.
+// With FMAs from 256 rows (was 512): on Zen 4 (AVX2 forced, same driver,
+// alternated twice) the block path was 12-21% faster at M = 128-384 for
+// 2304 x 5120 (2 threads 166-170 -> 198-200 GFLOP/s at 256-384; 1 thread
+// 84-86 -> 102-104) and 28% at 256 for 512 x 1024, but 20% slower at 128
+// for 512 x 1024; Zen 5 measured the two level from 128 to 512.
 inline constexpr int64_t kBf16BlockK = 32;
 HWY_INLINE bool Bf16BlockPath(const QArgs& a) {
-  return kUseBlockGemm && a.wf == nullptr && a.M >= (a.fma ? 512 : 64);
+  return kUseBlockGemm && a.wf == nullptr && a.M >= (a.fma ? 256 : 64);
 }
 
 HWY_INLINE VF LoadW(const float* p) { return hn::LoadU(DF(), p); }
