@@ -564,6 +564,38 @@ TEST(CpuKernels, LinearBf16ExtremeRangesBitIdentical) {
   });
 }
 
+// A subnormal weight (2^-133) against activations of 2^40: the product
+// 2^-93 is exact and normal, and the pair dots' sum rule holds (-150 + 40 >=
+// -112), but VDPBF16PS reads the subnormal as 0, so Bf16PairDotsExactRanges
+// must refuse the call for having a subnormal operand (found by review:
+// got 0 where the reference gives 2^-93). Plain, pair order and grouped.
+TEST(CpuKernels, LinearBf16PairDotsRefuseSubnormalWeights) {
+  const int64_t M = 32, K = 64;
+  const std::vector<float> x(M * 2 * K, 0x1p40f);
+  std::vector<uint16_t> w(128 * K, 0);
+  w[0] = 0x0001;
+  ForEachTarget([&] {
+    for (const bool dots : {true, false}) {
+      SetBf16Dot(dots);
+      const ref::Bf16Weight view{w.data(), 1, K};
+      const PackedBf16 p = PackBf16(view);
+      std::vector<float> got(M, -1.0f);
+      LinearBf16(x.data(), M, p, got.data());
+      EXPECT_EQ(FloatBits(got[0]), FloatBits(0x1p-93f)) << "dots " << dots;
+      LinearBf16(x.data(), M, p, got.data(), /*pairs=*/true);
+      EXPECT_EQ(FloatBits(got[M - 1]), FloatBits(0x1p-93f)) << "pairs, dots " << dots;
+      // Grouped: 2 groups of 64 rows, Kg = 64; row 0 of group 0 holds the subnormal.
+      const ref::Bf16Weight gview{w.data(), 128, K};
+      const PackedBf16 gp = PackBf16(gview);
+      std::vector<float> gz(M * 128, -1.0f);
+      GroupedLinearBf16(x.data(), M, 2, gp, gz.data());
+      EXPECT_EQ(FloatBits(gz[0]), FloatBits(0x1p-93f)) << "grouped, dots " << dots;
+      EXPECT_EQ(FloatBits(gz[1]), 0u) << "grouped, dots " << dots;
+    }
+    SetBf16Dot(true);
+  });
+}
+
 // One grouped wo_a check (4 groups of R rows, Kg inputs each): the
 // sequential order against ref::GroupedLinearBf16, the pair order against
 // RefBf16Pairs.

@@ -180,12 +180,14 @@ inline bool Bf16FmaExact(const ExpRange& x, const ExpRange& w) {
   return x.lo + w.lo >= kBf16FmaMinExpSum && x.hi + w.hi <= kBf16FmaMaxExpSum;
 }
 // Bf16PairDotsExact's rule on ExpRanges (binary exponents, a subnormal
-// counted as -150, so it fails): the products exact and the smallest one's
-// lowest bit, 2^(x.lo + w.lo - 14), at least 2^-126.
+// counted as -150): the products exact, no operand subnormal (lo >= -126:
+// the sum rule alone lets a subnormal weight through against activations of
+// 2^38 or more, and the instruction reads it as 0), and the smallest
+// product's lowest bit, 2^(x.lo + w.lo - 14), at least 2^-126.
 inline bool Bf16PairDotsExactRanges(const ExpRange& x, const ExpRange& w) {
   if (!Bf16FmaExact(x, w)) return false;
   if (!x.any_nonzero || !w.any_nonzero) return true;
-  return x.lo + w.lo >= kBf16PairMinFieldSum - 2 * 127;
+  return x.lo >= -126 && w.lo >= -126 && x.lo + w.lo >= kBf16PairMinFieldSum - 2 * 127;
 }
 
 // ---------------------------------------------------------------- block GEMM
