@@ -214,8 +214,16 @@ TEST(Tokenizer, RandomTextProperties) {
 // TemplateProcessing post-processor, no tokenizer_config.
 class SmallTokenizer : public ::testing::Test {
  protected:
+  static std::filesystem::path Dir() {
+    return std::filesystem::temp_directory_path() / ("deepinfer_small_tok_" + std::to_string(::getpid()));
+  }
+  // The files written by the suite's tests go with it.
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    std::filesystem::remove_all(Dir(), ec);
+  }
   static std::filesystem::path Write(const std::string& name, const std::string& json) {
-    const auto dir = std::filesystem::temp_directory_path() / ("deepinfer_small_tok_" + std::to_string(::getpid()));
+    const auto dir = Dir();
     std::filesystem::create_directories(dir);
     const auto p = dir / name;
     std::ofstream(p) << json;
