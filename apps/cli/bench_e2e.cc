@@ -533,6 +533,7 @@ set style histogram rowstacked
 set ylabel "% of decode step"
 set xlabel ""
 set xtics rotate by -35 left
+set rmargin 12
 plot '{reg}' using 2:xtic(1) notitle lc rgb "#4477aa"
 )GP",
                           fmt::arg("reg", base.string() + ".regions.dat"));
