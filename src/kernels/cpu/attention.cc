@@ -641,31 +641,23 @@ void WidenBf16Row(const uint16_t* src, int64_t D, float* dst, int32_t* emin, int
 }
 
 namespace {
-// Vector-aligned FP32 scratch that grows, never shrinks (no allocation per
-// decode step once the largest call has been seen).
-struct GrowBuf {
-  hwy::AlignedFreeUniquePtr<float[]> p;
+// Vector-aligned scratch that grows, never shrinks (no allocation per decode
+// step once the largest call has been seen): FP32 rows, and the pair dots'
+// BF16 pairs.
+template <typename T>
+struct GrowAligned {
+  hwy::AlignedFreeUniquePtr<T[]> p;
   int64_t cap = 0;
-  float* Get(int64_t n) {
+  T* Get(int64_t n) {
     if (n > cap) {
       cap = std::max(n, cap + cap / 2);
-      p = hwy::AllocateAligned<float>(static_cast<size_t>(cap));
+      p = hwy::AllocateAligned<T>(static_cast<size_t>(cap));
     }
     return p.get();
   }
 };
-// The same for the pair dots' BF16 pairs.
-struct GrowU32Buf {
-  hwy::AlignedFreeUniquePtr<uint32_t[]> p;
-  int64_t cap = 0;
-  uint32_t* Get(int64_t n) {
-    if (n > cap) {
-      cap = std::max(n, cap + cap / 2);
-      p = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(cap));
-    }
-    return p.get();
-  }
-};
+using GrowBuf = GrowAligned<float>;
+using GrowU32Buf = GrowAligned<uint32_t>;
 // The same for the guard's int32 exponents.
 struct GrowIntBuf {
   std::vector<int32_t> v;

@@ -178,6 +178,23 @@ HWY_INLINE void RunItems(const QArgs& a, int64_t item0, int64_t item1, Micro&& m
   }
 }
 
+// The BF16 pair-dot block paths (linear_fp8.cc RunFp8DotItems, linear_fp4.cc
+// RunFp4DotItems, linear_bf16.cc RunBf16DotItems) run groups of `mt` rows of
+// an m-chunk [m_begin, m_end) over a block of `step` activation pairs from
+// pair p0 (of np per row, row stride ldqp). While group m0 runs, this
+// prefetches the next group's pairs of the block (or the first group's of
+// the next block): short runs ldqp dwords apart, which the hardware
+// prefetchers do not follow (as RunBlockItems on AVX2).
+HWY_INLINE void PrefetchNextPairGroup(const uint32_t* qp, int64_t ldqp, int64_t m0, int64_t mt, int64_t m_begin,
+                                      int64_t m_end, int64_t p0, int64_t step, int64_t np) {
+  const bool same_block = m0 + mt < m_end;
+  const int64_t mn = same_block ? m0 + mt : m_begin, pn = same_block ? p0 : p0 + step;
+  if (pn >= np) return;
+  const int64_t len = std::min(step, np - pn);
+  for (int64_t r = mn; r < std::min(m_end, mn + mt); ++r)
+    for (int64_t c = 0; c < len; c += 16) hwy::Prefetch(qp + r * ldqp + pn + c);
+}
+
 // Writes the FP32 accumulators acc[MT][V·kLanes] of rows m0.. and output
 // columns n0.. to a.y (row stride a.ldy), BF16-rounded when `round`, clipped
 // at a.N.

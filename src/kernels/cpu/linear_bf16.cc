@@ -346,13 +346,7 @@ HWY_INLINE void RunBf16DotItems(const QArgs& a, int64_t item0, int64_t item1) {
       Bf16Bf16DotConvertBlock(wt + 2 * p0 * kTileRows, n, a.pairs, wp);
       for (int64_t m0 = m_begin; m0 < m_end; m0 += kMT) {
         const int mt = static_cast<int>(std::min<int64_t>(kMT, m_end - m0));
-        // The next group's pairs (RunFp8DotItems).
-        const int64_t mn = m0 + kMT < m_end ? m0 + kMT : m_begin;
-        const int64_t pn = m0 + kMT < m_end ? p0 : p0 + kBf16DotBlockPairs;
-        if (pn < np)
-          for (int64_t r = mn; r < std::min(m_end, mn + kMT); ++r)
-            for (int64_t c = 0; c < std::min(kBf16DotBlockPairs, np - pn); c += 16)
-              hwy::Prefetch(qt + r * ldqp + pn + c);
+        PrefetchNextPairGroup(qt, ldqp, m0, kMT, m_begin, m_end, p0, kBf16DotBlockPairs, np);
         Bf16Bf16DotBlockMicro(wp, n, qt + m0 * ldqp + p0, ldqp, acc + (m0 - m_begin) * kTileRows, vt, mt);
       }
     }

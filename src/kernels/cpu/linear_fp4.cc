@@ -614,12 +614,7 @@ HWY_INLINE void RunFp4DotItems(const QArgs& a, int64_t item0, int64_t item1) {
       const int64_t kb = (g * 32) / a.ab;
       for (int64_t m0 = m_begin; m0 < m_end; m0 += kMT) {
         const int mt = static_cast<int>(std::min<int64_t>(kMT, m_end - m0));
-        // The next group's pairs (or the first group's of the next 32
-        // columns) while this one runs, as RunFp8DotItems.
-        const int64_t mn = m0 + kMT < m_end ? m0 + kMT : m_begin;
-        const int64_t gn = m0 + kMT < m_end ? g : g + 1;
-        if (gn < groups)
-          for (int64_t r = mn; r < std::min(m_end, mn + kMT); ++r) hwy::Prefetch(a.qp + r * ldqp + gn * 16);
+        PrefetchNextPairGroup(a.qp, ldqp, m0, kMT, m_begin, m_end, g * 16, 16, ldqp);
         Fp4Bf16DotBlockMicro(wp, 0, a.qp + m0 * ldqp + g * 16, ldqp, a.sa + m0 * kblocks + kb, kblocks, sw,
                              acc + (m0 - m_begin) * kTileRows, vt, mt);
       }

@@ -142,17 +142,10 @@ HWY_INLINE void RunFp8DotItems(const QArgs& a, int64_t item0, int64_t item1) {
       const float* sw = a.ws + (tile * (a.K / 32) + k0 / 32) * 4;
       for (int64_t m0 = m_begin; m0 < m_end; m0 += kMT) {
         const int mt = static_cast<int>(std::min<int64_t>(kMT, m_end - m0));
-        // The next group's pairs of this block (or the first group's of the
-        // next block), while this group runs: 6 short runs K/2 dwords apart,
-        // which the hardware prefetchers do not follow (as RunBlockItems on
-        // AVX2). Zen 4, 2 threads, N x K = 1024 x 4096 / 2304 x 5120, M = 1024,
-        // alternated 3 times: 208-250 -> 239-276 / 144-242 -> 240-264 GFLOP/s;
-        // 8192 x 512 level.
-        const int64_t mn = m0 + kMT < m_end ? m0 + kMT : m_begin;
-        const int64_t kn = m0 + kMT < m_end ? k0 : k0 + a.ab;
-        if (kn < a.K)
-          for (int64_t r = mn; r < std::min(m_end, mn + kMT); ++r)
-            for (int64_t c = 0; c < a.ab / 2; c += 16) hwy::Prefetch(a.qp + r * ldqp + kn / 2 + c);
+        // Zen 4, 2 threads, N x K = 1024 x 4096 / 2304 x 5120, M = 1024,
+        // alternated 3 times: 208-250 -> 239-276 / 144-242 -> 240-264
+        // GFLOP/s with the prefetch; 8192 x 512 level.
+        PrefetchNextPairGroup(a.qp, ldqp, m0, kMT, m_begin, m_end, k0 / 2, a.ab / 2, a.K / 2);
         Fp8Bf16DotBlockMicro(wp.get(), a.ab / 2, 0, a.qp + m0 * ldqp + k0 / 2, ldqp, a.sa + m0 * kblocks + kb,
                              kblocks, sw, acc + (m0 - m_begin) * kTileRows, vt, mt);
       }
