@@ -45,7 +45,10 @@ struct Shape {
   int ab;
 };
 const std::vector<Shape> kShapes = {{16, 64, 32, 32},  {17, 40, 32, 32},   {23, 8, 64, 32},   {97, 130, 96, 32},
-                                    {101, 64, 64, 32}, {200, 72, 160, 32}, {20, 130, 256, 128}, {50, 24, 384, 128}};
+                                    {101, 64, 64, 32}, {200, 72, 160, 32}, {20, 130, 256, 128}, {50, 24, 384, 128},
+                                    // m-chunks above 96 rows (MChunkRows: 5 tiles; one thread 384 + 116, two
+                                    // threads 288 + 212), each ending in a partial group.
+                                    {500, 260, 64, 32}};
 
 template <typename F>
 void ForEachTargetAndThreads(F&& body) {
@@ -100,6 +103,25 @@ TEST(BlockGemm, Fp4BitIdentical) {
   });
 }
 
+// The m-chunk of the prefill items (linear_common.h MChunkRows): 96 rows,
+// or up to max_mchunk where the call still has 4 items per thread, always
+// a multiple of 96 (the packed activation groups never straddle a chunk).
+TEST(BlockGemm, MChunkRows) {
+  QArgs a;
+  a.tiles = 36;
+  a.M = 1024;
+  EXPECT_EQ(MChunkRows(a, 2), 96);  // no max_mchunk: the fixed chunk
+  a.max_mchunk = 384;
+  EXPECT_EQ(MChunkRows(a, 1), 384);  // 36 tiles: 4 items per thread with one chunk
+  EXPECT_EQ(MChunkRows(a, 16), 384);  // 64 items wanted: 2 chunks of 512 rows, capped at 384
+  a.tiles = 4;
+  EXPECT_EQ(MChunkRows(a, 4), 288);   // 16 items wanted: 4 chunks of 256 rows, rounded up to 288
+  a.M = 80;
+  EXPECT_EQ(MChunkRows(a, 2), 80);  // one chunk of all rows
+  a.M = 97;
+  a.tiles = 1;
+  EXPECT_EQ(MChunkRows(a, 2), 96);  // 8 chunks wanted: the floor
+}
 
 // ---------------------------------------------------------------- prescaled operands
 

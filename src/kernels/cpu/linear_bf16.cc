@@ -445,6 +445,7 @@ void RunBf16Call(QArgs& a) {
 #endif
   if constexpr (kUseBlockGemm) {
     if (Bf16BlockPath(a)) {
+      a.max_mchunk = kBlockMaxMChunk;
       float* packed = PackedActBuffer(a.M, a.ldq);
       PackActGroupsPairs(a.q, a.M, a.ldq, a.K, a.pairs, packed);
       a.q = packed;

@@ -38,6 +38,10 @@ struct QArgs {
   int ab = 32;                    // activation block (quantised linears)
   int64_t tiles = 0;
   int64_t mchunk = 1, mchunks = 1;
+  // Largest m-chunk ParallelItems may take (kMChunk or a multiple of it;
+  // set by the per-target entries whose prefill path converts the weights
+  // once per m-chunk).
+  int64_t max_mchunk = 0;
   // Row slices (ParallelItems): 0 = items are (tile, m-chunk); else each item
   // is one slice of kSliceRows output rows (all M rows, M < kBlockGemmMinM).
   int64_t slices = 0;
@@ -309,10 +313,21 @@ inline int64_t g_min_parallel_macs = int64_t{1} << 16;
 // from DRAM: 12.5 us on one thread, 16.5 us split into two slices, whose
 // threads both pull every cache line; 25-38 us with the 64-row padded pack).
 inline constexpr int64_t kSliceRows = 16;
+// The m-chunk of ParallelItems' items: 96 rows (a multiple of every
+// micro-tile height) or, where a.max_mchunk allows, a larger multiple of it
+// that still leaves each thread 4 items (the weight conversion of a
+// prefill GEMM is paid once per m-chunk; MChunkRows).
+inline constexpr int64_t kMChunk = 96;
+inline int64_t MChunkRows(const QArgs& a, int threads) {
+  if (a.M <= kMChunk) return a.M;
+  if (a.max_mchunk <= kMChunk || a.tiles <= 0) return kMChunk;
+  const int64_t chunks = std::max<int64_t>(1, (4 * int64_t{threads} + a.tiles - 1) / a.tiles);
+  const int64_t rows = (a.M + chunks - 1) / chunks;
+  return std::clamp((rows + kMChunk - 1) / kMChunk * kMChunk, kMChunk, a.max_mchunk);
+}
 template <typename Fn>
 void ParallelItems(QArgs& a, Fn* fn) {
-  constexpr int64_t kChunk = 96;  // a multiple of every micro-tile height
-  a.mchunk = a.M <= kChunk ? a.M : kChunk;
+  a.mchunk = MChunkRows(a, InParallelRegion() ? 1 : NumThreads());
   a.mchunks = (a.M + a.mchunk - 1) / a.mchunk;
   int64_t items = a.tiles * a.mchunks;
   const QArgs& ca = a;
