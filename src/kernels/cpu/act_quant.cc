@@ -93,17 +93,22 @@ int64_t ThisTarget() { return HWY_TARGET; }
 
 // The calling thread's scratch of the block GEMM path (hwy_util-inl.h: the
 // packed activations and BlockScratch) for calls of up to M rows of K, on the
-// targets that take that path (AVX2) from kBlockGemmMinM rows; on the others
-// the accumulators of the BF16 pair dots' block path (linear_fp4.cc
-// RunFp4DotItems, from kBlockGemmMinM rows).
+// targets that take that path (AVX2) from kBlockGemmMinM rows, with the
+// accumulators of its largest m-chunk; on the others the accumulators of the
+// BF16 pair dots' block paths (linear_fp4.cc RunFp4DotItems, from
+// kBlockGemmMinM rows) and the FP8 one's weight pairs (linear_fp8.cc
+// RunFp8DotItems).
 void ReserveBlockScratch(int64_t M, int64_t K) {
   if (M < kBlockGemmMinM) return;
   if constexpr (kUseBlockGemm) {
     PackedActBuffer(M, K);
     constexpr int64_t kMaxBlock = 128;  // the widest K block a block GEMM converts (FP8, 128×128 scales)
-    ThreadBlockScratch().Resize(kMaxBlock * kTileRows, std::min<int64_t>(M, 96) * kTileRows);
+    // The largest m-chunk such a call may take (linear_common.h MChunkRows).
+    const int64_t chunk = M <= kMChunk ? M : std::min((M + kMChunk - 1) / kMChunk * kMChunk, kBlockMaxMChunk);
+    ThreadBlockScratch().Resize(kMaxBlock * kTileRows, chunk * kTileRows);
   } else {
-    ThreadBlockScratch().Resize(0, std::min<int64_t>(M, 96) * kTileRows);
+    ThreadBlockScratch().Resize(0, std::min<int64_t>(M, kMChunk) * kTileRows);
+    ThreadBlockScratch().ResizePairs(64 * kTileRows);  // RunFp8DotItems, activation blocks up to 128
   }
 }
 

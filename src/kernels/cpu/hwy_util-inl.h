@@ -235,6 +235,57 @@ HWY_INLINE void StoreRowsPermuted(const float* acc, const QArgs& a, int64_t m0, 
   StoreRows<V, MT>(rows[0], a, m0, n0, round);
 }
 
+// FloatsExpRange (linear_common.h) vectorised: the same ExpRange for rows
+// x[m·ld + k], m < M, k < K (linear_bf16.cc ActExpRange / ActExpRangeTeam,
+// attention.cc QueryExpRange).
+HWY_INLINE ExpRange ActExpRangeV(const float* x, int64_t M, int64_t K, int64_t ld) {
+  const hn::RebindToUnsigned<DF> du;
+  using VU = hn::Vec<decltype(du)>;
+  VU low = hn::Zero(du), any = hn::Zero(du), e_lo = hn::Set(du, 0xFFu), e_hi = hn::Zero(du);
+  uint32_t low_s = 0, any_s = 0, e_lo_s = 0xFF, e_hi_s = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    const uint32_t* xr = reinterpret_cast<const uint32_t*>(x + m * ld);
+    int64_t k = 0;
+    for (; k + static_cast<int64_t>(kLanes) <= K; k += kLanes) {
+      const VU u = hn::LoadU(du, xr + k);
+      const VU mag = hn::And(u, hn::Set(du, 0x7FFFFFFFu));
+      const VU e = hn::ShiftRight<23>(mag);
+      const auto nz = hn::Ne(mag, hn::Zero(du));
+      low = hn::Or(low, hn::And(u, hn::Set(du, 0xFFFFu)));
+      any = hn::Or(any, mag);
+      e_lo = hn::Min(e_lo, hn::IfThenElse(nz, e, hn::Set(du, 0xFFu)));
+      e_hi = hn::Max(e_hi, hn::IfThenElseZero(nz, e));
+    }
+    for (; k < K; ++k) {
+      const uint32_t u = xr[k], mag = u & 0x7FFFFFFFu, e = mag >> 23;
+      low_s |= u & 0xFFFFu;
+      any_s |= mag;
+      e_lo_s = std::min(e_lo_s, mag != 0 ? e : 0xFFu);
+      e_hi_s = std::max(e_hi_s, mag != 0 ? e : 0u);
+    }
+  }
+  HWY_ALIGN uint32_t lanes[4][kLanes];
+  hn::Store(low, du, lanes[0]);
+  hn::Store(any, du, lanes[1]);
+  hn::Store(e_lo, du, lanes[2]);
+  hn::Store(e_hi, du, lanes[3]);
+  for (size_t l = 0; l < kLanes; ++l) {
+    low_s |= lanes[0][l];
+    any_s |= lanes[1][l];
+    e_lo_s = std::min(e_lo_s, lanes[2][l]);
+    e_hi_s = std::max(e_hi_s, lanes[3][l]);
+  }
+  ExpRange r;  // as ExpRange::Add: biased exponent 0 (a subnormal) counts as -150
+  r.bf16 = low_s == 0;
+  r.finite = e_hi_s != 0xFFu;
+  r.any_nonzero = any_s != 0;
+  if (r.any_nonzero) {
+    r.lo = e_lo_s == 0 ? -150 : static_cast<int>(e_lo_s) - 127;
+    r.hi = e_hi_s == 0 ? -150 : static_cast<int>(e_hi_s) - 127;
+  }
+  return r;
+}
+
 // ---------------------------------------------------------------- block GEMM
 // Block GEMM micro-tile shape: the MT·V partial sums, V weight vectors and
 // one broadcast fit the register file (AVX-512: 24 + 4 + 1 of 32 zmm; AVX2:
@@ -469,7 +520,9 @@ HWY_INLINE void BlockMicro(const float* HWY_RESTRICT w, int64_t klen, const floa
   }
 }
 
-// Block GEMM over items [item0, item1) (tile, m-chunk): for each K block of
+// Block GEMM over items [item0, item1), numbered chunk-major (item it is
+// tile it % a.tiles of m-chunk it / a.tiles, unlike RunItems' tile-major
+// order: consecutive items share their activation chunk): for each K block of
 // `klen` columns, conv(tile, block, w, sw) writes the tile's 64 rows × klen
 // weights as FP32 operands into w[k·64 + r] and the per-row weight scales of
 // the block into sw[r]; then every MT-row group of the chunk runs over every
@@ -563,6 +616,8 @@ HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int6
         if (b + 1 == nblocks) StoreBlockRows(accg, a, m0, rem, tile * kTileRows, /*round=*/kScaled || a.round);
       }
     }
+    // K = 0: no block ran; the sums are the zeros of acc.
+    if (nblocks == 0) StoreBlockRows(acc, a, m_begin, m_end - m_begin, tile * kTileRows, kScaled || a.round);
   }
 }
 template <int V, int MT, BlockMode kMode = BlockMode::kScaled, typename Conv>

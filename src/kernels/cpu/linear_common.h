@@ -38,9 +38,9 @@ struct QArgs {
   int ab = 32;                    // activation block (quantised linears)
   int64_t tiles = 0;
   int64_t mchunk = 1, mchunks = 1;
-  // Largest m-chunk ParallelItems may take (kMChunk or a multiple of it;
-  // set by the per-target entries whose prefill path converts the weights
-  // once per m-chunk).
+  // Largest m-chunk ParallelItems may take (MChunkRows; a multiple of
+  // kMChunk), 0 = kMChunk: set by the AVX2 block GEMM's entries
+  // (hwy_util-inl.h RunLinearCall, linear_bf16.cc RunBf16Call).
   int64_t max_mchunk = 0;
   // Row slices (ParallelItems): 0 = items are (tile, m-chunk); else each item
   // is one slice of kSliceRows output rows (all M rows, M < kBlockGemmMinM).
@@ -142,6 +142,14 @@ struct ExpRange {
     lo = std::min(lo, x);
     hi = std::max(hi, x);
   }
+  // The range of the union of two sets of values.
+  void Merge(const ExpRange& o) {
+    lo = std::min(lo, o.lo);
+    hi = std::max(hi, o.hi);
+    finite = finite && o.finite;
+    bf16 = bf16 && o.bf16;
+    any_nonzero = any_nonzero || o.any_nonzero;
+  }
 };
 inline ExpRange Bf16CodesExpRange(const uint16_t* w, int64_t n) {
   ExpRange r;
@@ -177,6 +185,10 @@ inline ExpRange FloatsExpRange(const float* x, int64_t M, int64_t K, int64_t ld)
   }
   return r;
 }
+// FloatsExpRange with the dispatch target's vectors, the rows split over the
+// OpenMP team from 2^16 values (linear_bf16.cc ActExpRangeTeam: the prefill
+// BF16 GEMMs' guard): the same result for every target and thread count.
+ExpRange ActivationExpRange(const float* x, int64_t M, int64_t K, int64_t ld);
 // True when every product x·w of the call is exact in FP32 (see above).
 inline bool Bf16FmaExact(const ExpRange& x, const ExpRange& w) {
   if (!x.finite || !w.finite || !x.bf16) return false;
@@ -250,7 +262,14 @@ inline constexpr int64_t kBlockGemmMinM = 16;
 inline constexpr int64_t kFp4IntActBytes = 2;
 struct BlockScratch {
   AlignedArray<float> w, sw, acc;  // 64-byte aligned (StoreRows loads acc aligned)
-  int64_t nw = 0, nacc = 0;
+  AlignedArray<uint32_t> wp;       // linear_fp8.cc RunFp8DotItems: one block's weight pairs
+  int64_t nw = 0, nacc = 0, nwp = 0;
+  void ResizePairs(int64_t want) {
+    if (nwp < want) {
+      wp = AllocateAligned<uint32_t>(static_cast<size_t>(want));
+      nwp = want;
+    }
+  }
   void Resize(int64_t want_w, int64_t want_acc) {
     if (nw < want_w) {
       w = AllocateAligned<float>(static_cast<size_t>(want_w));
@@ -314,9 +333,9 @@ inline int64_t g_min_parallel_macs = int64_t{1} << 16;
 // threads both pull every cache line; 25-38 us with the 64-row padded pack).
 inline constexpr int64_t kSliceRows = 16;
 // The m-chunk of ParallelItems' items: 96 rows (a multiple of every
-// micro-tile height) or, where a.max_mchunk allows, a larger multiple of it
-// that still leaves each thread 4 items (the weight conversion of a
-// prefill GEMM is paid once per m-chunk; MChunkRows).
+// micro-tile height) or, where a.max_mchunk allows, a larger multiple of 96
+// (at most a.max_mchunk) aiming at about 4 items per thread (the weight
+// conversion of a prefill GEMM is paid once per m-chunk).
 inline constexpr int64_t kMChunk = 96;
 inline int64_t MChunkRows(const QArgs& a, int threads) {
   if (a.M <= kMChunk) return a.M;

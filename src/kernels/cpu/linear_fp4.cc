@@ -591,7 +591,7 @@ HWY_INLINE void Fp4Micro(const QArgs& a, const uint8_t* wt, const uint8_t* st, i
 // N = 1024, alternated twice): K = 1024 M = 16 / 24 / 48 / 96 143-145 /
 // 141-144 / 142-143 / 141-144 -> 149 / 155 / 158-160 / 160-161 GFLOP/s,
 // K = 512 M = 48 142 -> 158; M = 1024, 2304 x 5120 136-137 -> 151-153.
-// From kBlockGemmMinM rows (act_quant.cc ReserveBlockScratch reserves its accumulators).
+// From kBlockGemmMinM rows (act_quant.cc ReserveBlockScratch reserves its accumulators: 96-row chunks here).
 inline constexpr int64_t kFp4BlockDotMinM = kBlockGemmMinM;
 HWY_INLINE void RunFp4DotItems(const QArgs& a, int64_t item0, int64_t item1) {
   constexpr int kMT = 6;

@@ -119,14 +119,10 @@ HWY_INLINE void Fp8Micro(const QArgs& a, const uint8_t* wt, const float* ws_t, i
 // chunk in BlockScratch::acc as RunBlockItems.
 HWY_INLINE void RunFp8DotItems(const QArgs& a, int64_t item0, int64_t item1) {
   constexpr int kMT = 6;
-  thread_local AlignedArray<uint32_t> wp;
-  thread_local int64_t wp_cap = 0;
-  if (wp_cap < (a.ab / 2) * kTileRows) {
-    wp = AllocateAligned<uint32_t>(static_cast<size_t>((a.ab / 2) * kTileRows));
-    wp_cap = (a.ab / 2) * kTileRows;
-  }
   BlockScratch& s = ThreadBlockScratch();
+  s.ResizePairs((a.ab / 2) * kTileRows);
   s.Resize(0, a.mchunk * kTileRows);
+  const AlignedArray<uint32_t>& wp = s.wp;
   float* HWY_RESTRICT acc = s.acc.get();
   const int64_t kblocks = a.K / a.ab, ldqp = a.K / 2;
   for (int64_t it = item0; it < item1; ++it) {
