@@ -10,6 +10,7 @@
 // their guard, on both sides.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -100,6 +101,18 @@ TEST(BlockGemm, Fp4BitIdentical) {
       LinearFp4(x.data(), s.M, p, s.ab, got.data());
       EXPECT_TRUE(SameBits(got, want)) << "M=" << s.M << " N=" << s.N << " K=" << s.K << " ab=" << s.ab;
     }
+  });
+}
+
+// K = 0: every output is the empty sum, 0, on the block path too (no K
+// block runs, so the rows are stored from the zeroed accumulators).
+TEST(BlockGemm, EmptyInnerDimensionGivesZeros) {
+  ForEachTargetAndThreads([] {
+    const int64_t M = 300, N = 64;
+    const PackedBf16 p = PackBf16({nullptr, N, 0});
+    std::vector<float> y(M * N, 123.0f);
+    LinearBf16(nullptr, M, p, y.data());
+    EXPECT_EQ(std::count(y.begin(), y.end(), 0.0f), M * N);
   });
 }
 
