@@ -753,8 +753,8 @@ TEST(CpuKernels, Bf16DecodeCopyOnlyWhereExact) {
   });
 }
 
-// FloatsExpRange (the per-call guard of the BF16 FMAs and the decode copy)
-// agrees with ExpRange::Add, its element-by-element definition, on normal,
+// FloatsExpRange (the definition of the BF16 FMAs' and the decode copy's
+// per-call guard, which the kernels compute vectorised) agrees with ExpRange::Add, its element-by-element definition, on normal,
 // subnormal, zero, infinite, NaN and non-BF16 values, with a row stride.
 TEST(CpuKernels, FloatsExpRangeMatchesItsDefinition) {
   std::mt19937_64 rng(77);
@@ -792,7 +792,10 @@ TEST(CpuKernels, FloatsExpRangeMatchesItsDefinition) {
 // ActivationExpRange (vectorised, rows over the team from 2^16 values) gives
 // FloatsExpRange's result on every target and thread count: small calls, and
 // calls of 70 000+ values whose one special value (or one non-BF16, one
-// subnormal, one NaN) sits in a single row of one slice.
+// subnormal, one NaN) sits in a single row of one slice, all -0.0, or all
+// zero but for the last rows (slices without a nonzero value merged with one
+// that has some); the padding past K holds NaN and non-BF16 values, which
+// must not count.
 TEST(CpuKernels, ActivationExpRangeMatchesFloatsExpRange) {
   std::mt19937_64 rng(78);
   const float specials[] = {0.0f,     -0x1p-149f, 0x1p-126f, 0x1.fep127f, std::numeric_limits<float>::infinity(),
@@ -812,7 +815,11 @@ TEST(CpuKernels, ActivationExpRangeMatchesFloatsExpRange) {
         std::vector<float> x(M * ld, 0.0f);
         for (auto& v : x) v = RoundBf16(std::ldexp(1.0f + (rng() >> 40) % 128 / 128.0f, static_cast<int>(rng() % 40) - 20));
         if (c % 6 != 0) x[(rng() % M) * ld + rng() % K] = specials[c % 9];
-        if (c % 10 == 4) std::fill(x.begin(), x.end(), -0.0f);
+        if (c % 10 == 4 || c % 10 == 5) std::fill(x.begin(), x.end(), -0.0f);
+        if (c % 10 == 7) std::fill(x.begin(), x.begin() + (M - 2) * ld, 0.0f);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t k = K; k < ld; ++k)
+            x[m * ld + k] = (k % 2) ? std::numeric_limits<float>::quiet_NaN() : 1.0f + 0x1p-20f;
         const ExpRange want = FloatsExpRange(x.data(), M, K, ld);
         EXPECT_TRUE(same(ActivationExpRange(x.data(), M, K, ld), want)) << "case " << c << " threads " << th;
       }

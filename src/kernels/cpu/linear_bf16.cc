@@ -172,9 +172,10 @@ int64_t Bf16CodesRows() { return kBf16CodesRows; }
 // values for wo_a: ~7 us scalar, a tenth of the call).
 ExpRange ActExpRange(const float* x, int64_t M, int64_t K, int64_t ld) { return ActExpRangeV(x, M, K, ld); }
 
-// The same over the team for prefill-sized calls: rows in up to 64 slices
-// (a fixed array: no allocation), each slice's range on one thread, merged
-// (min, max and or: the result does not depend on the split). Serial and
+// The same over the team for calls of 16 rows or more: rows in up to 64
+// slices (a fixed array: no allocation), each slice's range on one thread,
+// merged (ExpRange::Merge: min, max, and, or; the result does not depend on
+// the split). Serial and
 // scalar it was ~1.8% of a 1 024-token prefill on AVX2, on one thread
 // while the other waited.
 ExpRange ActExpRangeTeam(const float* x, int64_t M, int64_t K, int64_t ld) {

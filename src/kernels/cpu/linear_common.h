@@ -156,8 +156,9 @@ inline ExpRange Bf16CodesExpRange(const uint16_t* w, int64_t n) {
   for (int64_t i = 0; i < n; ++i) r.Add(static_cast<uint32_t>(w[i]) << 16);
   return r;
 }
-// Rows x[m·ld + k], m < M, k < K. Branch-free per element (linear_bf16.cc
-// has a vectorised one for the decode calls).
+// Rows x[m·ld + k], m < M, k < K. Branch-free per element: the definition
+// the vectorised scan (hwy_util-inl.h ActExpRangeV, ActivationExpRange
+// below) is tested against; the kernels call that one.
 inline ExpRange FloatsExpRange(const float* x, int64_t M, int64_t K, int64_t ld) {
   uint32_t low_bits = 0, e_lo = 0xFF, e_hi = 0, any = 0, inf_nan = 0;
   for (int64_t m = 0; m < M; ++m) {
@@ -186,8 +187,9 @@ inline ExpRange FloatsExpRange(const float* x, int64_t M, int64_t K, int64_t ld)
   return r;
 }
 // FloatsExpRange with the dispatch target's vectors, the rows split over the
-// OpenMP team from 2^16 values (linear_bf16.cc ActExpRangeTeam: the prefill
-// BF16 GEMMs' guard): the same result for every target and thread count.
+// OpenMP team from 2^16 values (linear_bf16.cc ActExpRangeTeam: the guard of
+// the BF16 GEMMs of 16 rows or more): the same result for every target and
+// thread count.
 ExpRange ActivationExpRange(const float* x, int64_t M, int64_t K, int64_t ld);
 // True when every product x·w of the call is exact in FP32 (see above).
 inline bool Bf16FmaExact(const ExpRange& x, const ExpRange& w) {
