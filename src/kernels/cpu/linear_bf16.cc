@@ -175,9 +175,8 @@ ExpRange ActExpRange(const float* x, int64_t M, int64_t K, int64_t ld) { return 
 // The same over the team for calls of 16 rows or more: rows in up to 64
 // slices (a fixed array: no allocation), each slice's range on one thread,
 // merged (ExpRange::Merge: min, max, and, or; the result does not depend on
-// the split). Serial and
-// scalar it was ~1.8% of a 1 024-token prefill on AVX2, on one thread
-// while the other waited.
+// the split). Serial and scalar it was ~1.8% of a 1 024-token prefill on
+// AVX2, on one thread while the other waited.
 ExpRange ActExpRangeTeam(const float* x, int64_t M, int64_t K, int64_t ld) {
   constexpr int64_t kMaxSlices = 64;
   const bool team = M * K >= (int64_t{1} << 16);
