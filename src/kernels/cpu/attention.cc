@@ -44,7 +44,7 @@
 #define DEEPINFER_KERNELS_CPU_ATTENTION_ONCE_
 namespace deepinfer::cpu {
 constexpr int32_t kChunk = 64;  // ref::SparseAttention's softmax chunk
-constexpr int kScoreBlock = 8;  // candidates per q·k register tile
+constexpr int kScoreBlockMax = 12;  // candidates per score block, at most (ScoreBlockSize)
 // A chunk with members: slots [c0, c0 + clen), candidates [i0, i1).
 struct AttnChunk {
   int32_t c0, clen;
@@ -316,10 +316,17 @@ void WidenBf16RowV(const uint16_t* src, int64_t D, float* dst, int32_t* emin, in
   WidenRow(src, D, dst, *emin, *emax);
 }
 
+// Candidates per score block: AVX2, 12 (two passes of 6 candidates × 2 head
+// vectors, 12 independent sums where 4 × 2 = 8 left the FMA pipes short);
+// else 8 (the BF16 pair dots take up to 8).
+constexpr int kScoreBlock = kLanes == 8 ? 12 : 8;
+static_assert(kScoreBlock <= kScoreBlockMax, "the per-thread score block holds kScoreBlockMax rows");
+int ScoreBlockSize() { return kScoreBlock; }
+
 // Phase 1 for candidates [i0, i1) (at most kScoreBlock): the rows widened
 // into kb[(i - i0)·Dp + d] (padding zero; their tails from PvTailStart also
 // to kvt) and dots[i·Hp + h] = Σ_d q[h][d]·k_i[d] (increasing d).
-static_assert(kScoreBlock == 8, "Scores' switch covers blocks of up to 8 candidates");
+static_assert(kScoreBlock <= 12, "Scores' switch covers blocks of up to 12 candidates");
 void Scores(int64_t D, int64_t Dp, int64_t Hp, int i0, int i1, float* kb, uint32_t* kp, const AttnScratch& w) {
   const int64_t dt = PvTailStart(D, Dp), tw = Dp - dt;
   int32_t bmin = 255, bmax = 0;  // the block's key exponent range
@@ -359,11 +366,16 @@ void Scores(int64_t D, int64_t Dp, int64_t Hp, int i0, int i1, float* kb, uint32
     auto run = [&](auto fma_c) {
       constexpr bool kF = decltype(fma_c)::value;
       if (two) {
-        ScoreBlock2<4, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots);
-        ScoreBlock2<4, kF>(w.qt, Hp, D, Dp, kb + 4 * Dp, i0 + 4, h0, w.dots);
+        constexpr int kHalf = kScoreBlock / 2;
+        ScoreBlock2<kHalf, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots);
+        ScoreBlock2<kHalf, kF>(w.qt, Hp, D, Dp, kb + kHalf * Dp, i0 + kHalf, h0, w.dots);
         return;
       }
       switch (i1 - i0) {
+        case 12: ScoreBlock<12, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+        case 11: ScoreBlock<11, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+        case 10: ScoreBlock<10, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
+        case 9: ScoreBlock<9, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
         case 8: ScoreBlock<8, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
         case 7: ScoreBlock<7, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
         case 6: ScoreBlock<6, kF>(w.qt, Hp, D, Dp, kb, i0, h0, w.dots); break;
@@ -543,6 +555,9 @@ HWY_INLINE void PvStore(const float* HWY_RESTRICT acc, int64_t D, int64_t h0, in
 void Pv(const AttnChunk* chunks, int nchunks, int64_t H, int64_t Hp, int64_t D, int64_t Dp, int64_t u0, int64_t u1,
         const AttnScratch& w, float* acc, float* out) {
   const int64_t th = PvTilesH(H), td = PvTilesD(Dp), dt = PvTailStart(D, Dp), tw = Dp - dt;
+  // Heads split evenly over the th tiles (H = 16 on AVX2: 5 / 5 / 6, not
+  // 6 / 6 / 4, whose last tile's 8 sums left the FMA pipes short).
+  auto TileH0 = [&](int64_t j) { return j * H / th; };
   for (int64_t unit = u0; unit < u1; ++unit) {
     const int64_t g0 = unit * kPvGroup, g1 = std::min(td, g0 + kPvGroup);
     std::fill(acc, acc + (g1 - g0) * th * kPvTileFloats, 0.0f);
@@ -552,16 +567,31 @@ void Pv(const AttnChunk* chunks, int nchunks, int64_t H, int64_t Hp, int64_t D, 
         for (int64_t j = 0; j < th; ++j) f(g, j, acc + ((g - g0) * th + j) * kPvTileFloats);
     };
     const int64_t nvec = Hp / static_cast<int64_t>(kLanes);
+    // The unit's key bytes of a chunk's members, [dk0, dk1) of each row: the
+    // first tile over a chunk reads them from L2 or L3 (one line a member,
+    // rows at scattered addresses no hardware prefetcher follows) and the
+    // unit's other tiles from L1. Requested one chunk ahead.
+    const int64_t dk0 = g0 * kPvStep, dk1 = std::min(D, g1 * kPvStep);
+    auto prefetch_chunk = [&](int c) {
+      if (c >= nchunks) return;
+      for (int i = chunks[c].i0; i < chunks[c].i1; ++i) {
+        const uint16_t* r = w.kv[i];
+        for (int64_t d = dk0; d < dk1; d += 32) hwy::Prefetch(r + d);
+        hwy::Prefetch(r + dk1 - 1);
+      }
+    };
+    if (unit == u0) prefetch_chunk(0);
     for (int c = 0; c < nchunks; ++c) {
+      prefetch_chunk(c + 1);
       int32_t kmin = 255, kmax = 0;  // the chunk's key exponent range
       for (int i = chunks[c].i0; i < chunks[c].i1; ++i) {
         kmin = std::min(kmin, w.k_emin[i]);
         kmax = std::max(kmax, w.k_emax[i]);
       }
       each_tile([&](int64_t g, int64_t j, float* a) {
-        const int64_t d0 = g * kPvStep, h0 = j * kPvHT;
+        const int64_t d0 = g * kPvStep, h0 = TileH0(j);
         const int vt = static_cast<int>(std::min<int64_t>(kPvV, (Dp - d0) / static_cast<int64_t>(kLanes)));
-        const int ht = static_cast<int>(std::min<int64_t>(kPvHT, H - h0));
+        const int ht = static_cast<int>(TileH0(j + 1) - h0);
         int32_t pmin = 255;  // the tile's heads' pb range (-1: a NaN)
         for (int64_t hv = h0 / static_cast<int64_t>(kLanes); hv <= (h0 + ht - 1) / static_cast<int64_t>(kLanes); ++hv)
           pmin = std::min(pmin, w.pb_emin[c * nvec + hv]);
@@ -594,9 +624,9 @@ void Pv(const AttnChunk* chunks, int nchunks, int64_t H, int64_t Hp, int64_t D, 
       });
     }
     each_tile([&](int64_t g, int64_t j, float* a) {
-      const int64_t d0 = g * kPvStep, h0 = j * kPvHT;
+      const int64_t d0 = g * kPvStep, h0 = TileH0(j);
       const int vt = static_cast<int>(std::min<int64_t>(kPvV, (Dp - d0) / static_cast<int64_t>(kLanes)));
-      const int ht = static_cast<int>(std::min<int64_t>(kPvHT, H - h0));
+      const int ht = static_cast<int>(TileH0(j + 1) - h0);
       WithVMT<kPvV, kPvHT>(vt, ht, [&](auto v, auto mt) {
         PvStore<decltype(v)::value, decltype(mt)::value>(a, D, h0, d0, d0 < dt, w, out);
       });
@@ -629,6 +659,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace deepinfer::cpu {
 HWY_EXPORT(Scores);
+HWY_EXPORT(ScoreBlockSize);
 HWY_EXPORT(Stats);
 HWY_EXPORT(Pv);
 HWY_EXPORT(PvUnits);
@@ -678,6 +709,7 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
   auto* scores = HWY_DYNAMIC_DISPATCH(Scores);
   auto* stats = HWY_DYNAMIC_DISPATCH(Stats);
   auto* pv = HWY_DYNAMIC_DISPATCH(Pv);
+  const int sblock = HWY_DYNAMIC_DISPATCH(ScoreBlockSize)();
   const int64_t L = HWY_DYNAMIC_DISPATCH(LanesF32)();
   const int64_t Hp = ((H + L - 1) / L) * L, Dp = ((D + L - 1) / L) * L;
   const int64_t units = HWY_DYNAMIC_DISPATCH(PvUnits)(Dp);
@@ -764,11 +796,11 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
   {
     thread_local GrowBuf kb_buf, acc_buf;  // each thread's widened score block and P·V sums
     thread_local GrowU32Buf kp_buf;        // and its pair rows
-    float* kb = kb_buf.Get(kScoreBlock * Dp);
-    uint32_t* kp = pairs ? kp_buf.Get(kScoreBlock * (D / 2)) : nullptr;
+    float* kb = kb_buf.Get(kScoreBlockMax * Dp);
+    uint32_t* kp = pairs ? kp_buf.Get(kScoreBlockMax * (D / 2)) : nullptr;
     float* acc = acc_buf.Get(unit_acc);
 #pragma omp for schedule(static)
-    for (int i0 = 0; i0 < n; i0 += kScoreBlock) scores(D, Dp, Hp, i0, std::min(n, i0 + kScoreBlock), kb, kp, w);
+    for (int i0 = 0; i0 < n; i0 += sblock) scores(D, Dp, Hp, i0, std::min(n, i0 + sblock), kb, kp, w);
 #pragma omp for schedule(static)
     for (int64_t v = 0; v < Hp / L; ++v) stats(slot, ch, nchunks, Hp, v, softmax_scale, w);
 #pragma omp for schedule(static)
