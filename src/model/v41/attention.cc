@@ -88,7 +88,9 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
     for (int64_t h = 0; h < H; ++h) rope.Apply(q.data() + ((r0 + i) * H + h) * D + D - rd, row_pos_[r0 + i], false);
   });
   std::vector<uint16_t>& kvb = Zeroed(ws_.kvb, n * D);
-  for (int64_t i = 0; i < n * D; ++i) kvb[i] = FloatToBf16(kv[i]);
+  ParallelFor(n, n * D > (int64_t{1} << 16), [&](int64_t r) {
+    for (int64_t i = r * D; i < (r + 1) * D; ++i) kvb[i] = FloatToBf16(kv[i]);
+  });
 
   core.reset();
   // Compressed branch: KV sources publish new entries; index sources select.
@@ -232,15 +234,21 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
     std::vector<float>& g = Zeroed(ws_.cmp_g, qi.T * D);
     LinearF32Bf16W(xs, qi.T, A.compressor_wkv, a.data());
     LinearF32Bf16W(xs, qi.T, A.compressor_wgate, g.data());
-    std::vector<const float*>& ga = Zeroed(ws_.cmp_ga, r);
-    std::vector<const float*>& gg = Zeroed(ws_.cmp_gg, r);
+    constexpr int kMaxRatio = 8;
+    DI_CHECK(r <= kMaxRatio);
     std::vector<float>& carry = Zeroed(ws_.cmp_carry, (r - 1) * 2 * D);
     for (int i = 0; i < r - 1; ++i)
       std::memcpy(carry.data() + i * 2 * D, Row(s, StateKind::kCompressorCarry, l, i), 2 * D * sizeof(float));
-    for (int64_t i = 0; i < qi.T; ++i) {
-      const int64_t p = qi.start + i;
-      if ((p + 1) % r != 0) continue;
-      const int64_t j = p / r;
+    // The groups completed in this chunk, in order; each pooled into its own
+    // latent row, the groups over the team (a row's arithmetic on one thread).
+    for (int64_t i = 0; i < qi.T; ++i)
+      if ((qi.start + i + 1) % r == 0) js.push_back((qi.start + i) / r);
+    const int64_t ng = static_cast<int64_t>(js.size());
+    lat.resize(static_cast<size_t>(ng * D));
+    ParallelFor(ng, ng * D * r > (int64_t{1} << 15), [&](int64_t gi) {
+      const int64_t j = js[gi];
+      const float* ga[kMaxRatio];
+      const float* gg[kMaxRatio];
       for (int t = 0; t < r; ++t) {
         const int64_t pt = j * r + t;
         if (pt >= qi.start) {
@@ -251,8 +259,8 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
           gg[t] = carry.data() + (pt % r) * 2 * D + D;
         }
       }
-      std::vector<float>& row = Zeroed(ws_.cmp_row, D);
-      float e[8];
+      float* row = lat.data() + gi * D;
+      float e[kMaxRatio];
       for (int64_t ch = 0; ch < D; ++ch) {
         float mx = gg[0][ch];
         for (int t = 1; t < r; ++t) mx = std::max(mx, gg[t][ch]);
@@ -265,10 +273,8 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
         for (int t = 0; t < r; ++t) acc += ga[t][ch] * (e[t] / sum);
         row[ch] = RoundBf16(acc);
       }
-      ref::RmsNorm(row.data(), 1, D, A.compressor_norm.data, c_.norm_eps, row.data());
-      lat.insert(lat.end(), row.begin(), row.end());
-      js.push_back(j);
-    }
+      ref::RmsNorm(row, 1, D, A.compressor_norm.data, c_.norm_eps, row);
+    });
     if (float* cap = b_.seqs[s].carry_capture) {
       const int region = St(s).geometry->of(StateKind::kCompressorCarry).RegionOf(l);
       float* dst = cap + static_cast<int64_t>(region) * qi.T * 2 * D;
@@ -292,7 +298,8 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
   std::vector<float>& k = Zeroed(ws_.cmp_k, nj * ID);
   LinearBf16(lat.data(), nj, A.indexer_wk, k.data());
   ref::RmsNorm(k.data(), nj, ID, A.indexer_k_norm.data, c_.norm_eps, k.data());
-  for (int64_t i = 0; i < nj; ++i) {
+  // Rows over the team (each row's arithmetic and its cache rows on one thread).
+  ParallelFor(nj, nj * D > (int64_t{1} << 16), [&](int64_t i) {
     const int64_t pos = js[i] * r;
     float* kr = k.data() + i * ID;
     rope.Apply(kr + ID - rd, pos, false);
@@ -313,7 +320,7 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
       const uint16_t b = FloatToBf16(lr[c]);
       std::memcpy(cdst + c, &b, 2);
     }
-  }
+  });
 }
 
 void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
@@ -333,10 +340,12 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
   // Query heads: FP8 wq_b(c_q), RoPE on each head's last rd dims, FP4 QDQ (UE8M0, 32).
   std::vector<float>& qI = Zeroed(ws_.idx_q, T * nh * ID);
   Linear(qr + (qi.row0 + i0) * c_.q_lora_rank, i1 - i0, A.indexer_wq_b, c_.act_block_size, qI.data() + i0 * nh * ID);
-  for (int64_t i = i0; i < i1; ++i) {
+  // Rows over the team (each row's elements on one thread: the same bits).
+  ParallelFor(i1 - i0, (i1 - i0) * nh * ID > (int64_t{1} << 16), [&](int64_t j) {
+    const int64_t i = i0 + j;
     for (int64_t h = 0; h < nh; ++h) rope.Apply(qI.data() + (i * nh + h) * ID + ID - rd, qi.start + i, false);
     Fp4QdqUe8m0InPlace(qI.data() + i * nh * ID, nh * ID, 32);
-  }
+  });
   // Head weights: BF16 weights_proj(x) × (index_head_dim^-½ · n_heads^-½), BF16.
   std::vector<float>& wts = Zeroed(ws_.idx_w, T * nh);
   LinearBf16(x + (qi.row0 + i0) * d, i1 - i0, A.indexer_weights_proj, wts.data() + i0 * nh);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/parallel.h"
 #include "base/region_timer.h"
 #include "format/numerics.h"
 #include "kernels/ref/ref_math.h"
@@ -50,7 +51,7 @@ void ForwardPass::Engram(int l) {
       },
       raw.data());
   std::vector<float>& e = Zeroed(ws_.eg_e, R_ * ein);
-  for (int64_t r = 0; r < R_; ++r)
+  ParallelFor(R_, R_ * ein > (int64_t{1} << 16), [&](int64_t r) {
     for (int k = 0; k < cols; ++k) {
       const uint8_t* q = raw.data() + (r * cols + k) * row_bytes;
       if (G.halve_codes) {  // e4m3-ieee: the load-time transform applied to this row (weights.h)
@@ -64,6 +65,7 @@ void ForwardPass::Engram(int l) {
           e[r * ein + k * hd + i] = RoundBf16(E4M3ToFloat(q[i]) * E8M0ToFloat(q[hd + i / 32]));
       }
     }
+  });
   std::vector<float>& kv = Zeroed(ws_.eg_kv, R_ * (hc + 1) * d);
   Linear(e.data(), R_, G.wkv, c_.act_block_size, kv.data());
   const float eps = c_.norm_eps;

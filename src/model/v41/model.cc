@@ -26,6 +26,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/parallel.h"
 #include "base/region_timer.h"
 #include "format/numerics.h"
 #include "kernels/ref/ref_ops.h"
@@ -294,19 +295,20 @@ void ForwardPass::Run() {
 
   // Embedding, four identical streams, one-hot `pre` (model-spec §3.3.1).
   std::optional<RegionScope> embed_scope(std::in_place, Region::kEmbed);
-  X_.assign(static_cast<size_t>(R_ * hc * d), 0.0f);
-  for (int64_t r = 0; r < R_; ++r) {
+  // Every element of every row is written below (rows over the team).
+  X_.resize(static_cast<size_t>(R_ * hc * d));
+  ParallelFor(R_, R_ * hc * d > (int64_t{1} << 16), [&](int64_t r) {
     const int s = row_seq_[r];
     const int32_t tok = b_.seqs[s].tokens[row_in_seq_[r]];
     const uint16_t* e = w_.embed.data + static_cast<int64_t>(tok) * d;
     if (row_image_[r]) {  // image span: the vision embeddings replace the lookup (§3.3.7)
       const float* v = b_.seqs[s].embeds + row_in_seq_[r] * d;
       for (int j = 0; j < hc; ++j) std::memcpy(&X_[(r * hc + j) * d], v, d * sizeof(float));
-      continue;
+      return;
     }
     for (int j = 0; j < hc; ++j)
       for (int64_t i = 0; i < d; ++i) X_[(r * hc + j) * d + i] = Bf16ToFloat(e[i]);
-  }
+  });
   pre_in_.assign(static_cast<size_t>(R_ * hc), 0.0f);
   for (int64_t r = 0; r < R_; ++r) pre_in_[r * hc] = 1.0f;
 

@@ -100,7 +100,9 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
   RoutedExperts(m_.comm_, b_.exchange, m_.shard_, x, n, d, idx.data(), wts.data(), k, std::ref(routed), y.data(),
                 shared_alongside ? std::function<void()>(std::ref(shared)) : std::function<void()>());
   if (!shared_alongside) shared();
-  for (int64_t i = 0; i < n * d; ++i) v[i] = RoundBf16(y[i] + sh[i]);
+  ParallelFor(n, n * d > (int64_t{1} << 16), [&](int64_t r) {
+    for (int64_t i = r * d; i < (r + 1) * d; ++i) v[i] = RoundBf16(y[i] + sh[i]);
+  });
   if (m_.debug_ && m_.debug_seq_ < static_cast<int>(seq_.size()) && r0 == 0 && r1 == R_) {
     const SeqInfo& q = seq_[m_.debug_seq_];
     m_.debug_->router_indices[l].assign(idx.begin() + q.row0 * k, idx.begin() + (q.row0 + q.T) * k);

@@ -53,8 +53,7 @@ struct StepWorkspace {
   std::vector<uint16_t> kvb;
   // Compressor (one sequence at a time).
   std::vector<int64_t> cmp_js;
-  std::vector<float> cmp_lat, cmp_a, cmp_g, cmp_carry, cmp_row, cmp_k;
-  std::vector<const float*> cmp_ga, cmp_gg;
+  std::vector<float> cmp_lat, cmp_a, cmp_g, cmp_carry, cmp_k;
   // Indexer (one sequence at a time).
   std::vector<float> idx_q, idx_w, idx_keys;
   std::vector<const uint16_t*> idx_key_rows;  // a one-row call's BF16 key rows (cpu::PackAndScoreIndexKeys)
