@@ -326,6 +326,38 @@ HWY_INLINE int64_t Bf16PairColumn(int64_t k, int64_t seg, bool pairs) {
   const int64_t base = k - k % seg;
   return base + PairPartner(k - base, seg, pairs);
 }
+#if HWY_TARGET == HWY_AVX2
+// Columns k..k+7 of a whole group's 6 rows (t[i]: row i's 8 values) into
+// the packed layout: dst[j·6 + i] = t[i][j] (dst at column k). An 8×6
+// transpose (unpack, shuffle, 128-bit permute); column j's store writes 8
+// floats, its last 2 (zero) overwritten by column j+1's, and the group's
+// last column (`last`) stores just its 6. Moves values only: the bits of
+// the scalar copy.
+HWY_INLINE void StorePackedColumns6(const __m256 (&t)[6], bool last, float* HWY_RESTRICT dst) {
+  const __m256 z = _mm256_setzero_ps();
+  const __m256 a0 = _mm256_unpacklo_ps(t[0], t[1]), a1 = _mm256_unpackhi_ps(t[0], t[1]);
+  const __m256 a2 = _mm256_unpacklo_ps(t[2], t[3]), a3 = _mm256_unpackhi_ps(t[2], t[3]);
+  const __m256 a4 = _mm256_unpacklo_ps(t[4], t[5]), a5 = _mm256_unpackhi_ps(t[4], t[5]);
+  // b[j]: rows 0..3 (b0..b3) or 4, 5, 0, 0 (b4..b7) of columns j (low half) and j + 4 (high half).
+  const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xEE);
+  const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xEE);
+  const __m256 b4 = _mm256_shuffle_ps(a4, z, 0x44), b5 = _mm256_shuffle_ps(a4, z, 0xEE);
+  const __m256 b6 = _mm256_shuffle_ps(a5, z, 0x44), b7 = _mm256_shuffle_ps(a5, z, 0xEE);
+  const __m256 c[8] = {_mm256_permute2f128_ps(b0, b4, 0x20), _mm256_permute2f128_ps(b1, b5, 0x20),
+                       _mm256_permute2f128_ps(b2, b6, 0x20), _mm256_permute2f128_ps(b3, b7, 0x20),
+                       _mm256_permute2f128_ps(b0, b4, 0x31), _mm256_permute2f128_ps(b1, b5, 0x31),
+                       _mm256_permute2f128_ps(b2, b6, 0x31), _mm256_permute2f128_ps(b3, b7, 0x31)};
+  HWY_UNROLL(8)
+  for (int j = 0; j < 7; ++j) _mm256_storeu_ps(dst + j * 6, c[j]);
+  if (last) {
+    _mm_storeu_ps(dst + 42, _mm256_castps256_ps128(c[7]));
+    _mm_storel_pi(reinterpret_cast<__m64*>(dst + 46), _mm256_extractf128_ps(c[7], 1));
+  } else {
+    _mm256_storeu_ps(dst + 42, c[7]);
+  }
+}
+#endif
+
 // One group g of PackActGroupsPairs; the calls below run the groups over
 // the team (each group writes its own rows of `out`).
 HWY_INLINE void PackActGroupPairs(const float* HWY_RESTRICT q, int64_t M, int64_t ld, int64_t seg, bool pairs,
@@ -334,6 +366,22 @@ HWY_INLINE void PackActGroupPairs(const float* HWY_RESTRICT q, int64_t M, int64_
   const int64_t rows = std::min<int64_t>(R, M - g * R);
   const float* src = q + g * R * ld;
   float* dst = out + g * R * ld;
+#if HWY_TARGET == HWY_AVX2
+  // A whole group, 8 columns at a time (pair order: adjacent columns
+  // swapped, every pair whole when the segments are multiples of 8).
+  if (rows == 6 && ld % 8 == 0 && (!pairs || seg % 8 == 0)) {
+    for (int64_t k = 0; k < ld; k += 8) {
+      __m256 t[6];
+      HWY_UNROLL(6)
+      for (int i = 0; i < 6; ++i) {
+        t[i] = _mm256_loadu_ps(src + i * ld + k);
+        if (pairs) t[i] = _mm256_permute_ps(t[i], 0xB1);
+      }
+      StorePackedColumns6(t, k + 8 == ld, dst + k * R);
+    }
+    return;
+  }
+#endif
   for (int64_t s0 = 0; s0 < ld; s0 += seg) {
     const int64_t n = std::min(seg, ld - s0);
     for (int64_t j = 0; j < n; ++j) {
@@ -373,6 +421,23 @@ HWY_INLINE void PackActGroupsScaled(const float* HWY_RESTRICT q, const float* HW
   const int64_t kb = K / ab;
   ParallelFor(PackGroups(M), PackOnTeam(M, K), [&](int64_t g) {
     const int64_t rows = std::min<int64_t>(R, M - g * R);
+#if HWY_TARGET == HWY_AVX2
+    // A whole group, 8 columns (within one activation block) at a time: the
+    // same two multiplies per value, then StorePackedColumns6.
+    if (rows == 6 && ab % 8 == 0 && K % ab == 0) {
+      const __m256 down = _mm256_set1_ps(0x1p-120f);
+      for (int64_t k = 0; k < K; k += 8) {
+        __m256 t[6];
+        HWY_UNROLL(6)
+        for (int i = 0; i < 6; ++i) {
+          const __m256 f = _mm256_set1_ps(sa[(g * R + i) * kb + k / ab]);
+          t[i] = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(q + (g * R + i) * K + k), down), f);
+        }
+        StorePackedColumns6(t, k + 8 == K, out + g * R * K + k * R);
+      }
+      return;
+    }
+#endif
     for (int64_t i = 0; i < rows; ++i) {
       const float* src = q + (g * R + i) * K;
       const float* s = sa + (g * R + i) * kb;
