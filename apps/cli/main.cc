@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/malloc_tuning.h"
 #include "commands.h"
 #include "parallel/communicator.h"
 
@@ -41,6 +42,7 @@ int ErrorExit(const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  deepinfer::RetainFreedMemory();  // before any thread or large buffer
   deepinfer::InitLogging();
   CLI::App app{"deepinfer — inference engine for DeepSeek-V4-family models"};
   app.require_subcommand(1);
