@@ -239,9 +239,9 @@ HWY_INLINE void ScoreBlock(const float* qt, int64_t Hp, int64_t D, int64_t Dp, c
 }
 
 // ScoreBlock over two head vectors [h0, h0 + 2·kLanes) at once: each
-// broadcast key element feeds 2·NC accumulators (AVX2: 4 candidates × 2
-// vectors = 8 sums, 2 query vectors and a broadcast of the 16 ymm registers,
-// 6 loads per 8 FMAs instead of 9). Each lane's operations are ScoreBlock's.
+// broadcast key element feeds 2·NC accumulators (AVX2: 6 candidates × 2
+// vectors = 12 sums, 2 query vectors and a broadcast: 15 of the 16 ymm
+// registers, 8 loads per 12 FMAs). Each lane's operations are ScoreBlock's.
 template <int NC, bool kFma>
 HWY_INLINE void ScoreBlock2(const float* qt, int64_t Hp, int64_t D, int64_t Dp, const float* k, int i0, int64_t h0,
                             float* dots) {
@@ -358,10 +358,12 @@ void Scores(int64_t D, int64_t Dp, int64_t Hp, int i0, int i1, float* kb, uint32
   }
   const bool fma = w.q_exact && Bf16FieldsProductsExact(w.q_emin, w.q_emax, bmin, bmax);
   for (int64_t h0 = 0; h0 < Hp;) {
-    // AVX2, a whole block and two head vectors left: two passes of 4
+    // AVX2, a whole block and two head vectors left: two passes of 6
     // candidates × 2 head vectors (ScoreBlock2). Measured (Zen 4, AVX2
     // forced, one thread, H = 16, D = 512, 640 candidates, with the P·V
-    // changes below): 293-295 -> 268 us a call; H = 64: 1136-1152 -> 1041-1046.
+    // changes below): one pass of 8 per head vector -> two of 4 × 2,
+    // 293-295 -> 268 us a call (H = 64: 1136-1152 -> 1041-1046); blocks of
+    // 12 as two of 6 × 2, 284-292 -> 277-285 us (keys in L2).
     const bool two = kLanes == 8 && i1 - i0 == kScoreBlock && h0 + 2 * static_cast<int64_t>(kLanes) <= Hp;
     auto run = [&](auto fma_c) {
       constexpr bool kF = decltype(fma_c)::value;
