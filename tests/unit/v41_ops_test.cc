@@ -292,6 +292,24 @@ TEST(V41RefOps, RopeYarnTableFollowsTheSpec) {
   EXPECT_EQ(v[1], RoundBf16(std::sin(1.0f)));
 }
 
+TEST(V41RefOps, RopeApplyHeadsIsApplyPerHead) {
+  // Three heads of 80 values with the rotated 64 at offset 16 (as the
+  // attention's heads), both directions, the YaRN table and the plain one:
+  // the bits of one Apply per head, and the values between heads untouched.
+  for (const ref::RopeTable& t : {ref::RopeTable(64, 160000.0, 65536, 16.0, 32.0, 1.0),
+                                  ref::RopeTable(64, 10000.0, 0, 16.0, 32.0, 1.0)})
+    for (bool inverse : {false, true}) {
+      constexpr int64_t kHeads = 3, kStride = 80;
+      std::vector<float> want(kHeads * kStride), got;
+      for (size_t i = 0; i < want.size(); ++i) want[i] = RoundBf16(std::cos(0.11f * static_cast<float>(i)) * 3.0f);
+      got = want;
+      for (int64_t h = 0; h < kHeads; ++h) t.Apply(want.data() + h * kStride + 16, 4097, inverse);
+      t.ApplyHeads(got.data() + 16, kHeads, kStride, 4097, inverse);
+      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0) << inverse;
+      EXPECT_NE(got[16], RoundBf16(std::cos(0.11f * 16.0f) * 3.0f));  // rotated
+    }
+}
+
 TEST(V41RefOps, Fp8LinearMatchesDequantisedProductWithinBf16) {
   // 64×96 FP8 weight with block scales, activations quantised per 32.
   const int64_t N = 64, K = 96, M = 3;

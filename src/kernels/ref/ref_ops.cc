@@ -205,10 +205,9 @@ void RopeTable::CosSin(int64_t pos, float* cs, float* sn) const {
   }
 }
 
-void RopeTable::Apply(float* x, int64_t pos, bool inverse) const {
-  const int64_t half = rope_dim_ / 2;
-  float cs[512], sn[512];
-  CosSin(pos, cs, sn);
+namespace {
+// One vector's rotation by the pairs' cos/sin (RopeTable::Apply).
+void RotatePairs(float* x, int64_t half, const float* cs, const float* sn, bool inverse) {
   for (int64_t k = 0; k < half; ++k) {
     const float a = x[2 * k], b = x[2 * k + 1];
     const float c = cs[k], d = inverse ? -sn[k] : sn[k];
@@ -216,6 +215,16 @@ void RopeTable::Apply(float* x, int64_t pos, bool inverse) const {
     x[2 * k] = RoundBf16(ac - bd);
     x[2 * k + 1] = RoundBf16(ad + bc);
   }
+}
+}  // namespace
+
+void RopeTable::Apply(float* x, int64_t pos, bool inverse) const { ApplyHeads(x, 1, 0, pos, inverse); }
+
+void RopeTable::ApplyHeads(float* x, int64_t heads, int64_t stride, int64_t pos, bool inverse) const {
+  const int64_t half = rope_dim_ / 2;
+  float cs[512], sn[512];
+  CosSin(pos, cs, sn);
+  for (int64_t h = 0; h < heads; ++h) RotatePairs(x + h * stride, half, cs, sn, inverse);
 }
 
 // ------------------------------------------------------------------ attention

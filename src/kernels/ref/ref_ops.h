@@ -112,6 +112,10 @@ class RopeTable {
   // Rotates x[0..R) (interleaved pairs) in place by position p (inverse: −φ),
   // in FP32, rounding the results to BF16 (the reference's in-place copy_).
   void Apply(float* x, int64_t pos, bool inverse) const;
+  // Apply on `heads` vectors x + h·stride (h < heads) at the same position:
+  // the same operations per element as one Apply call per head, with the
+  // cos/sin of the position computed once.
+  void ApplyHeads(float* x, int64_t heads, int64_t stride, int64_t pos, bool inverse) const;
 
  private:
   int64_t rope_dim_ = 0;

@@ -558,7 +558,7 @@ void Pass::Attention(int l, const float* x, float* v, V4Debug::Layer* dbg) {
     float* orow = o.data() + r * H * D;
     SparseAttention(q.data() + r * H * D, static_cast<int>(H), D, rows.data(), static_cast<int64_t>(rows.size()),
                     A.sink.data(), scale, orow);
-    for (int64_t h = 0; h < H; ++h) rope.Apply(orow + h * D + D - rd, p, true);
+    rope.ApplyHeads(orow + D - rd, H, D, p, true);
   };
   if (n == 1) {
     attend_row(0);

@@ -85,7 +85,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   });
   std::optional<RegionScope> core(std::in_place, Region::kAttnCore);
   ParallelFor(r1 - r0, (r1 - r0) * H * D > (int64_t{1} << 16), [&](int64_t i) {
-    for (int64_t h = 0; h < H; ++h) rope.Apply(q.data() + ((r0 + i) * H + h) * D + D - rd, row_pos_[r0 + i], false);
+    rope.ApplyHeads(q.data() + (r0 + i) * H * D + D - rd, H, D, row_pos_[r0 + i], false);
   });
   std::vector<uint16_t>& kvb = Zeroed(ws_.kvb, n * D);
   ParallelFor(n, n * D > (int64_t{1} << 16), [&](int64_t r) {
@@ -177,7 +177,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
       (w_.packed_for_cpu ? cpu::SparseAttention : ref::SparseAttention)(q.data() + r * H * D, static_cast<int>(H), D, rows.data(), slots.data(),
                            static_cast<int>(rows.size()), static_cast<int32_t>(list_len), A.attn_sink.data(),
                            scale, orow);
-      for (int64_t h = 0; h < H; ++h) rope.Apply(orow + h * D + D - rd, p, true);
+      rope.ApplyHeads(orow + D - rd, H, D, p, true);
     }
   };
   if (r1 - r0 == 1) {
@@ -343,7 +343,7 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
   // Rows over the team (each row's elements on one thread: the same bits).
   ParallelFor(i1 - i0, (i1 - i0) * nh * ID > (int64_t{1} << 16), [&](int64_t j) {
     const int64_t i = i0 + j;
-    for (int64_t h = 0; h < nh; ++h) rope.Apply(qI.data() + (i * nh + h) * ID + ID - rd, qi.start + i, false);
+    rope.ApplyHeads(qI.data() + i * nh * ID + ID - rd, nh, ID, qi.start + i, false);
     Fp4QdqUe8m0InPlace(qI.data() + i * nh * ID, nh * ID, 32);
   });
   // Head weights: BF16 weights_proj(x) × (index_head_dim^-½ · n_heads^-½), BF16.

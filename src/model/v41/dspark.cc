@@ -121,7 +121,7 @@ class DraftPass {
     ref::RmsNorm(kv.data(), n, D, A.kv_norm.data, c_.norm_eps, kv.data());
     std::vector<uint16_t>& kvb = Zeroed(ws_.kvb, n * D);
     for (int64_t r = 0; r < n; ++r) {
-      for (int64_t h = 0; h < H; ++h) rope_.Apply(q.data() + (r * H + h) * D + D - rd, Pos(r), false);
+      rope_.ApplyHeads(q.data() + r * H * D + D - rd, H, D, Pos(r), false);
       rope_.Apply(kv.data() + r * D + D - rd, Pos(r), false);
       Fp8QdqInPlace(kv.data() + r * D, D, 32, w_.fp8_format);
       for (int64_t i = 0; i < D; ++i) kvb[r * D + i] = FloatToBf16(kv[r * D + i]);
@@ -153,7 +153,7 @@ class DraftPass {
       (w_.packed_for_cpu ? cpu::SparseAttention : ref::SparseAttention)(
           q.data() + r * H * D, static_cast<int>(H), D, rows.data(), slots.data(), static_cast<int>(rows.size()),
           static_cast<int32_t>(m + bs), A.attn_sink.data(), scale, orow);
-      for (int64_t h = 0; h < H; ++h) rope_.Apply(orow + h * D + D - rd, Pos(r), true);
+      rope_.ApplyHeads(orow + D - rd, H, D, Pos(r), true);
     }
     std::vector<float>& z = Zeroed(ws_.z, n * c_.o_groups * c_.o_lora_rank);
     GroupedLinearBf16(o.data(), n, c_.o_groups, A.wo_a, z.data());
