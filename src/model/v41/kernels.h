@@ -129,8 +129,10 @@ void ExpertSwiGlu(const float* x, int64_t m, const W& w1, const W& w3, const P* 
   ExpertScratch& es = ThreadExpertScratch();
   float* gate = nullptr;
   float* up = nullptr;
+  // Every output element of a linear is written (y = x·Wᵀ, as ref::Linear*):
+  // the buffers are sized, not zero-filled first.
   if (w13) {
-    es.g13.assign(static_cast<size_t>(m * 2 * I), 0.0f);
+    es.g13.resize(static_cast<size_t>(m * 2 * I));
     LinearPacked(x, m, *w13, ab, es.g13.data(), w1.act_format);
     if (m == 1) {  // [gate | up] of the one row, in place
       gate = es.g13.data();
@@ -147,8 +149,8 @@ void ExpertSwiGlu(const float* x, int64_t m, const W& w1, const W& w3, const P* 
       up = es.up.data();
     }
   } else {
-    es.gt.assign(static_cast<size_t>(m * I), 0.0f);
-    es.up.assign(static_cast<size_t>(m * I), 0.0f);
+    es.gt.resize(static_cast<size_t>(m * I));
+    es.up.resize(static_cast<size_t>(m * I));
     Linear(x, m, w1, ab, es.gt.data());
     Linear(x, m, w3, ab, es.up.data());
     gate = es.gt.data();
