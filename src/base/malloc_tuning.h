@@ -15,12 +15,16 @@ namespace deepinfer {
 // glibc's largest), the heap is trimmed only when 1 GiB is free at its top
 // (M_TRIM_THRESHOLD) and grows in steps of at least 16 MiB (M_TOP_PAD); freed
 // memory then stays with the process for the next step's buffers (its
-// resident size stays at its peak, as the workspace's own buffers do).
-// Returns true when applied; false, changing nothing, when the user set
-// malloc's parameters (GLIBC_TUNABLES naming glibc.malloc.*, or one of
-// MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ / MALLOC_TOP_PAD_), in a
-// sanitizer build (its allocator ignores them), or off glibc. Call before
-// threads start. Never throws.
+// resident size stays at its peak, as the workspace's own buffers do; a
+// long-running server whose step shapes vary can hold more than that peak
+// through fragmentation, and per-thread arenas are never shrunk).
+// Returns true when all three were applied; false when one failed (the
+// others may be in effect), and false changing nothing when the user set
+// any of malloc's parameters (GLIBC_TUNABLES naming glibc.malloc.*, or one
+// of MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ / MALLOC_TOP_PAD_), in a
+// sanitizer build (its allocator ignores them), or off glibc. Another
+// allocator preloaded (LD_PRELOAD) still sees mallopt succeed and ignores
+// it. Call before threads start. Never throws.
 bool RetainFreedMemory();
 
 }  // namespace deepinfer

@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <string>
 
 namespace deepinfer {
 namespace {
@@ -22,13 +24,49 @@ constexpr bool kSanitized = false;
 constexpr bool kSanitized = false;
 #endif
 
+// Sets (or unsets, value null) an environment variable for the scope, restoring it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) had_ = true, old_ = old;
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// Whether the environment names malloc settings or another allocator.
+bool EnvironmentChangesMalloc() {
+  if (const char* t = std::getenv("GLIBC_TUNABLES"); t != nullptr && std::strstr(t, "glibc.malloc.") != nullptr)
+    return true;
+  for (const char* v : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "LD_PRELOAD"})
+    if (std::getenv(v) != nullptr) return true;
+  return false;
+}
+
 TEST(MallocTuning, UserSettingsWin) {
-  ASSERT_EQ(setenv("MALLOC_TRIM_THRESHOLD_", "131072", 1), 0);
-  EXPECT_FALSE(RetainFreedMemory());
-  ASSERT_EQ(unsetenv("MALLOC_TRIM_THRESHOLD_"), 0);
-  ASSERT_EQ(setenv("GLIBC_TUNABLES", "glibc.malloc.top_pad=0", 1), 0);
-  EXPECT_FALSE(RetainFreedMemory());
-  ASSERT_EQ(unsetenv("GLIBC_TUNABLES"), 0);
+  {
+    ScopedEnv trim("MALLOC_TRIM_THRESHOLD_", "131072");
+    EXPECT_FALSE(RetainFreedMemory());
+  }
+  {
+    ScopedEnv tunables("GLIBC_TUNABLES", "glibc.malloc.top_pad=0");
+    EXPECT_FALSE(RetainFreedMemory());
+  }
 }
 
 TEST(MallocTuning, FreedHeapMemoryStaysWithTheProcess) {
@@ -36,7 +74,7 @@ TEST(MallocTuning, FreedHeapMemoryStaysWithTheProcess) {
   GTEST_SKIP() << "glibc's malloc only";
 #endif
   if (kSanitized) GTEST_SKIP() << "the sanitizer's allocator ignores mallopt";
-  if (std::getenv("GLIBC_TUNABLES") != nullptr) GTEST_SKIP() << "GLIBC_TUNABLES set by the environment";
+  if (EnvironmentChangesMalloc()) GTEST_SKIP() << "malloc settings or another allocator from the environment";
   ASSERT_TRUE(RetainFreedMemory());
   // 8 MiB: mmap-ed with glibc's defaults, from the heap (below the break) now.
   constexpr size_t kBytes = size_t{8} << 20;

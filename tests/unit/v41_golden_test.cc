@@ -635,5 +635,58 @@ TEST_F(V41Golden, SameBitsOnEveryTargetAndThreadCount) {
   EXPECT_GE(runs, targets.size() > 1 ? 4 : 3);  // a SIMD target at three thread counts + the fallback
 }
 
+// A prefill long enough that the per-row loops run over the team (the
+// window K copy, the compressor's rows, the MoE's final sum: from 2^16
+// values, > 512 rows here), then 3 greedy decode steps that read every
+// compressed row and index key it wrote: the last prefill position's logits
+// and each step's, at 1 and 3 threads and in one call against chunks of 200
+// rows (those loops serial), the same bits.
+TEST_F(V41Golden, LongPrefillSameBitsOnTeamAndSerialPaths) {
+  const int threads0 = NumThreads();
+  std::vector<int32_t> prompt;
+  for (int i = 0; prompt.size() < 1100; i = (i + 1) % static_cast<int>(Golden()["prompts"].size())) {
+    const auto ids = PromptIds(i);
+    prompt.insert(prompt.end(), ids.begin(), ids.end());
+  }
+  prompt.resize(1100);
+  constexpr int kSteps = 3;
+  auto run = [&](int64_t chunk) {
+    std::vector<int32_t> toks = prompt;
+    const int64_t n = static_cast<int64_t>(toks.size());
+    Seq s = NewSeq(n + kSteps);
+    std::vector<float> logits;
+    auto forward = [&](int64_t pos, int64_t len, bool last) {
+      ForwardBatch b;
+      ForwardSeq q;
+      q.tokens = toks.data() + pos;
+      q.len = len;
+      q.start_pos = pos;
+      q.state = s.view;
+      q.logits = last ? ForwardSeq::Logits::kLast : ForwardSeq::Logits::kNone;
+      b.seqs.push_back(q);
+      b.per_row_layout = true;  // chunked == whole bit for bit (ChunkedPrefillSameGreedyTokens)
+      ForwardOutput out;
+      model_->Forward(b, &out);
+      if (!last) return;
+      logits.insert(logits.end(), out.logits.begin(), out.logits.end());
+      toks.push_back(static_cast<int32_t>(std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin()));
+    };
+    for (int64_t pos = 0; pos < n; pos += chunk) forward(pos, std::min(chunk, n - pos), pos + chunk >= n);
+    for (int step = 0; step < kSteps; ++step) forward(n + step, 1, true);
+    return logits;
+  };
+  SetNumThreads(1);
+  const std::vector<float> want = run(1100);
+  SetNumThreads(3);
+  const std::vector<float> team = run(1100);
+  const std::vector<float> chunked = run(200);
+  SetNumThreads(threads0);
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps + 1) * model_->config().vocab_size);
+  ASSERT_EQ(team.size(), want.size());
+  ASSERT_EQ(chunked.size(), want.size());
+  EXPECT_EQ(std::memcmp(team.data(), want.data(), want.size() * 4), 0) << "3 threads vs 1";
+  EXPECT_EQ(std::memcmp(chunked.data(), want.data(), want.size() * 4), 0) << "chunks of 200 vs one call";
+}
+
 }  // namespace
 }  // namespace deepinfer::v41

@@ -67,6 +67,8 @@ struct AttnScratch {
   int32_t* k_emin;     // [n] per candidate row, over its nonzero elements (255 when none)
   int32_t* k_emax;     // [n] (0 when none; 255: a non-finite element)
   int32_t* pb_emin;    // [chunks][Hp / lanes] over the nonzero pb of a chunk and head vector; -1 if one is NaN
+  int32_t* chunk_kmin;  // [chunks] the k_emin / k_emax of a chunk's members, merged (after phase 1)
+  int32_t* chunk_kmax;
   // BF16 pair dots (bf16_dot.h, AVX-512 target with AVX512_BF16, D a
   // multiple of 64, q BF16-exact): null when off.
   const uint32_t* qp;  // [D/2][Hp] the query's pairs, element 2p in the high word
@@ -196,10 +198,11 @@ HWY_INLINE VF TorchSumV(const float* x, int64_t stride, int64_t n) {
   return final_acc;
 }
 
-// Tile shape: the HT·V partial sums, V key vectors and a broadcast fit the
-// register file (AVX-512: 16 + 4 + 1 of 32 zmm; AVX2: 12 + 2 + 1 of 16 ymm:
-// 6 heads, 12 independent sums where 8 left the FMA pipes short, ~3% of a
-// call faster on Zen 4).
+// Tile shape: at most kPvHT heads × kPvV vectors; the HT·V partial sums, V
+// key vectors and a broadcast fit the register file (AVX-512: 16 + 4 + 1 of
+// 32 zmm; AVX2: 12 + 2 + 1 of 16 ymm: up to 6 heads, 12 independent sums
+// where 8 left the FMA pipes short, ~3% of a call faster on Zen 4). Pv
+// splits the heads evenly over PvTilesH(H) tiles (TileH0).
 constexpr int kPvV = kLanes >= 16 ? 4 : 2;
 constexpr int kPvHT = kLanes >= 16 ? 4 : (kLanes == 8 ? 6 : 2);
 
@@ -563,7 +566,7 @@ void Pv(const AttnChunk* chunks, int nchunks, int64_t H, int64_t Hp, int64_t D, 
   for (int64_t unit = u0; unit < u1; ++unit) {
     const int64_t g0 = unit * kPvGroup, g1 = std::min(td, g0 + kPvGroup);
     std::fill(acc, acc + (g1 - g0) * th * kPvTileFloats, 0.0f);
-    // Tile (g, j): d tile g, heads from j·kPvHT; its sums at acc + ((g - g0)·th + j)·kPvTileFloats.
+    // Tile (g, j): d tile g, heads [TileH0(j), TileH0(j + 1)); its sums at acc + ((g - g0)·th + j)·kPvTileFloats.
     auto each_tile = [&](auto&& f) {
       for (int64_t g = g0; g < g1; ++g)
         for (int64_t j = 0; j < th; ++j) f(g, j, acc + ((g - g0) * th + j) * kPvTileFloats);
@@ -585,11 +588,7 @@ void Pv(const AttnChunk* chunks, int nchunks, int64_t H, int64_t Hp, int64_t D, 
     if (unit == u0) prefetch_chunk(0);
     for (int c = 0; c < nchunks; ++c) {
       prefetch_chunk(c + 1);
-      int32_t kmin = 255, kmax = 0;  // the chunk's key exponent range
-      for (int i = chunks[c].i0; i < chunks[c].i1; ++i) {
-        kmin = std::min(kmin, w.k_emin[i]);
-        kmax = std::max(kmax, w.k_emax[i]);
-      }
+      const int32_t kmin = w.chunk_kmin[c], kmax = w.chunk_kmax[c];  // the chunk's key exponent range
       each_tile([&](int64_t g, int64_t j, float* a) {
         const int64_t d0 = g * kPvStep, h0 = TileH0(j);
         const int vt = static_cast<int>(std::min<int64_t>(kPvV, (Dp - d0) / static_cast<int64_t>(kLanes)));
@@ -765,6 +764,9 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
   w.k_emin = kmin_buf.Get(n_cap);
   w.k_emax = kmax_buf.Get(n_cap);
   w.pb_emin = pbe_buf.Get(chunk_cap * (Hp / L));
+  thread_local GrowIntBuf ckmin_buf, ckmax_buf;
+  w.chunk_kmin = ckmin_buf.Get(chunk_cap);
+  w.chunk_kmax = ckmax_buf.Get(chunk_cap);
   // BF16 pair dots (bf16_dot.h): on the AVX-512 target (16 lanes) of a CPU
   // with them, for a BF16-exact query and D a multiple of the P·V tiles (so
   // no tile is partial); the query's pairs here, the keys' per score block,
@@ -803,6 +805,18 @@ void SparseAttention(const float* q, int H, int64_t D, const uint16_t* const* kv
     float* acc = acc_buf.Get(unit_acc);
 #pragma omp for schedule(static)
     for (int i0 = 0; i0 < n; i0 += sblock) scores(D, Dp, Hp, i0, std::min(n, i0 + sblock), kb, kp, w);
+    // Each chunk's key range once (every P·V unit walks every chunk); the
+    // barrier after the statistics orders it before phase 3.
+#pragma omp single nowait
+    for (int c = 0; c < nchunks; ++c) {
+      int32_t kmin = 255, kmax = 0;
+      for (int i = ch[c].i0; i < ch[c].i1; ++i) {
+        kmin = std::min(kmin, w.k_emin[i]);
+        kmax = std::max(kmax, w.k_emax[i]);
+      }
+      w.chunk_kmin[c] = kmin;
+      w.chunk_kmax[c] = kmax;
+    }
 #pragma omp for schedule(static)
     for (int64_t v = 0; v < Hp / L; ++v) stats(slot, ch, nchunks, Hp, v, softmax_scale, w);
 #pragma omp for schedule(static)

@@ -331,8 +331,11 @@ HWY_INLINE int64_t Bf16PairColumn(int64_t k, int64_t seg, bool pairs) {
 // the packed layout: dst[j·6 + i] = t[i][j] (dst at column k). An 8×6
 // transpose (unpack, shuffle, 128-bit permute); column j's store writes 8
 // floats, its last 2 (zero) overwritten by column j+1's, and the group's
-// last column (`last`) stores just its 6. Moves values only: the bits of
-// the scalar copy.
+// last column (`last`) stores just its 6. So a group's 8-column blocks must
+// be stored in increasing k by one thread (each block's column 7 spills into
+// the next block, which overwrites it); the callers walk a group's columns
+// upwards inside one ParallelFor item. Moves values only: the bits of the
+// scalar copy.
 HWY_INLINE void StorePackedColumns6(const __m256 (&t)[6], bool last, float* HWY_RESTRICT dst) {
   const __m256 z = _mm256_setzero_ps();
   const __m256 a0 = _mm256_unpacklo_ps(t[0], t[1]), a1 = _mm256_unpackhi_ps(t[0], t[1]);
