@@ -3,19 +3,12 @@
 #include <atomic>
 #include <cstddef>
 
+#include "base/sanitizers.h"
+
 // Sanitizer runtimes interpose the allocator themselves (and call malloc before
 // their own start-up, where this counter's instrumented code would crash): in
 // such builds nothing is interposed and HeapAllocations() stays 0.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define DEEPINFER_COUNT_ALLOCATIONS 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-#define DEEPINFER_COUNT_ALLOCATIONS 0
-#endif
-#endif
-#ifndef DEEPINFER_COUNT_ALLOCATIONS
-#define DEEPINFER_COUNT_ALLOCATIONS 1
-#endif
+#define DEEPINFER_COUNT_ALLOCATIONS (!DEEPINFER_SANITIZER_ALLOCATOR)
 
 extern "C" {
 void* __libc_malloc(size_t);

@@ -8,22 +8,12 @@
 #include <malloc.h>
 #endif
 
-// Sanitizer runtimes bring their own allocator, which mallopt does not reach.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define DEEPINFER_TUNE_MALLOC 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-#define DEEPINFER_TUNE_MALLOC 0
-#endif
-#endif
-#ifndef DEEPINFER_TUNE_MALLOC
-#define DEEPINFER_TUNE_MALLOC 1
-#endif
+#include "base/sanitizers.h"
 
 namespace deepinfer {
 
 bool RetainFreedMemory() {
-#if !DEEPINFER_TUNE_MALLOC
+#if DEEPINFER_SANITIZER_ALLOCATOR  // its own allocator, which mallopt does not reach
   return false;
 #elif defined(__GLIBC__)
   if (const char* t = std::getenv("GLIBC_TUNABLES"); t != nullptr && std::strstr(t, "glibc.malloc.") != nullptr)

@@ -1,5 +1,6 @@
 // base/malloc_tuning.h: freed heap memory stays with the process.
 #include "base/malloc_tuning.h"
+#include "base/sanitizers.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,17 +13,7 @@
 namespace deepinfer {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+constexpr bool kSanitized = DEEPINFER_SANITIZER_ALLOCATOR;
 
 // Sets (or unsets, value null) an environment variable for the scope, restoring it after.
 class ScopedEnv {
