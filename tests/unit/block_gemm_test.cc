@@ -116,6 +116,49 @@ TEST(BlockGemm, EmptyInnerDimensionGivesZeros) {
   });
 }
 
+// The block step's fold acc = acc + (partial·s_act)·s_w starts from acc = +0
+// (the reference's sum), so a block whose term underflows to −0 must leave
+// +0, not −0 (a first block, and two such blocks). Per 32-column block of a
+// row: 1e-4 (its amax: s_act 2^-22) against a zero weight, then −2^-30
+// (q = −2^-8) against the smallest weight (E4M3 2^-9, E2M1 0.5) with
+// s_w = 2^-127: the term is below 2^-150 in magnitude, i.e. −0. The scale
+// range fails the prescale guard, so the block path takes the scaled folds.
+TEST(BlockGemm, ScaledFoldOfAnUnderflowToMinusZeroGivesPlusZero) {
+  ForEachTargetAndThreads([] {
+    for (const int64_t K : {32, 64}) {
+      const int64_t M = 18, N = 72;
+      std::vector<float> x(M * K, 0.0f);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t b = 0; b < K / 32; ++b) {
+          const int64_t k = b * 32 + 2 * ((m + b) % 16);
+          x[m * K + k] = 1e-4f;
+          x[m * K + k + 1] = -std::ldexp(1.0f, -30);
+        }
+      std::vector<float> want(M * N), got(M * N, -1.0f);
+      {
+        std::vector<uint8_t> w(N * K, 0), sc(((N + 31) / 32) * (K / 32), 0);
+        for (int64_t i = 1; i < N * K; i += 2) w[i] = 0x01;  // odd columns: E4M3 2^-9
+        const ref::Fp8Weight view{w.data(), sc.data(), N, K, 32};
+        const PackedFp8 p = PackFp8(view);
+        ref::LinearFp8(x.data(), M, view, 32, want.data());
+        LinearFp8(x.data(), M, p, 32, got.data());
+        EXPECT_TRUE(SameBits(got, want)) << "fp8 K=" << K;
+        for (float v : want) ASSERT_TRUE(v == 0.0f && !std::signbit(v)) << v;
+      }
+      {
+        std::vector<uint8_t> w(N * K / 2, 0x10), sc(N * (K / 32), 0);  // odd columns: E2M1 code 1 = 0.5
+        const ref::Fp4Weight view{w.data(), sc.data(), N, K};
+        const PackedFp4 p = PackFp4(view);
+        std::fill(got.begin(), got.end(), -1.0f);
+        ref::LinearFp4(x.data(), M, view, 32, want.data());
+        LinearFp4(x.data(), M, p, 32, got.data());
+        EXPECT_TRUE(SameBits(got, want)) << "fp4 K=" << K;
+        for (float v : want) ASSERT_TRUE(v == 0.0f && !std::signbit(v)) << v;
+      }
+    }
+  });
+}
+
 // The m-chunk of the prefill items (linear_common.h MChunkRows): 96 rows,
 // or up to max_mchunk where the call still has 4 items per thread, always
 // a multiple of 96 (the packed activation groups never straddle a chunk).

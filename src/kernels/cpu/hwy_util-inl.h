@@ -528,19 +528,26 @@ HWY_INLINE void BlockMicroK(VF (&part)[MT][V], const float* HWY_RESTRICT w, int6
 // Prescaled mode (kPrescaled; linear_common.h BlockPrescaleExact): the
 // weights are w·s_w and the activations q·s_act, so the partial sum is
 // already partial·s_act·s_w and the fold is acc = acc + partial.
+//
+// first: acc holds nothing yet (the item's first K block), so the fold
+// writes what +0 + (fold term) gives without a zero-filled acc: scaled,
+// +0 + (partial·s_act)·s_w (the add kept: the product may underflow to −0,
+// and +0 + −0 is +0); prescaled, the partial itself (it starts from +0 and
+// every product is exact, so it is never −0: the same bits as +0 + partial);
+// unscaled, the running sums start from +0 instead of acc.
 enum class BlockMode { kScaled, kPrescaled, kUnscaledFma, kUnscaledMulAdd };
 
 template <int V, int MT, int MTS, BlockMode kMode = BlockMode::kScaled>
 HWY_INLINE void BlockMicro(const float* HWY_RESTRICT w, int64_t klen, const float* HWY_RESTRICT sw,
                            const float* HWY_RESTRICT q, const float* HWY_RESTRICT sa, int64_t lds,
-                           float* HWY_RESTRICT acc) {
+                           float* HWY_RESTRICT acc, bool first) {
   const DF df;
   VF part[MT][V];
   if constexpr (kMode == BlockMode::kUnscaledFma || kMode == BlockMode::kUnscaledMulAdd) {
     HWY_UNROLL(8)
     for (int m = 0; m < MT; ++m) {
       HWY_UNROLL(8)
-      for (int v = 0; v < V; ++v) part[m][v] = hn::LoadU(df, acc + m * kTileRows + v * kLanes);
+      for (int v = 0; v < V; ++v) part[m][v] = first ? hn::Zero(df) : hn::LoadU(df, acc + m * kTileRows + v * kLanes);
     }
     constexpr bool kFma = kMode == BlockMode::kUnscaledFma;
     if (klen == 32) {
@@ -571,7 +578,7 @@ HWY_INLINE void BlockMicro(const float* HWY_RESTRICT w, int64_t klen, const floa
       HWY_UNROLL(8)
       for (int v = 0; v < V; ++v) {
         float* p = acc + m * kTileRows + v * kLanes;
-        hn::StoreU(hn::Add(hn::LoadU(df, p), part[m][v]), df, p);
+        hn::StoreU(first ? part[m][v] : hn::Add(hn::LoadU(df, p), part[m][v]), df, p);
       }
     }
     return;
@@ -583,7 +590,7 @@ HWY_INLINE void BlockMicro(const float* HWY_RESTRICT w, int64_t klen, const floa
     for (int v = 0; v < V; ++v) {
       float* p = acc + m * kTileRows + v * kLanes;
       const VF swv = hn::LoadU(df, sw + v * kLanes);
-      hn::StoreU(hn::Add(hn::LoadU(df, p), hn::Mul(hn::Mul(part[m][v], s), swv)), df, p);
+      hn::StoreU(hn::Add(first ? hn::Zero(df) : hn::LoadU(df, p), hn::Mul(hn::Mul(part[m][v], s), swv)), df, p);
     }
   }
 }
@@ -626,7 +633,9 @@ HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int6
     const int64_t rows_left = a.N - tile * kTileRows;
     const int vcols = static_cast<int>(std::min<int64_t>(kTileRows, rows_left) + kRows - 1) / static_cast<int>(kRows);
     const bool full_tile = rows_left >= kTileRows;
-    std::fill(acc, acc + (m_end - m_begin) * kTileRows, 0.0f);
+    // The first K block writes every accumulator the stores read (no fill;
+    // BlockMicro `first`); K = 0 stores the zeros filled here.
+    if (nblocks == 0) std::fill(acc, acc + (m_end - m_begin) * kTileRows, 0.0f);
     const int64_t xo = x_off(tile);
     for (int64_t b = 0; b < nblocks; ++b) {
       conv(tile, b, wbuf, swbuf);
@@ -664,7 +673,8 @@ HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int6
           // alternated) FP8 and FP4 +4-7% (docs/kernels-log.md).
           HWY_UNROLL(4)
           for (int c = 0; c < static_cast<int>(kTileRows / kRows); ++c)
-            BlockMicro<V, MT, MT, kMode>(wbuf + c * kRows, kl, swbuf + c * kRows, qg, sag, kblocks, accg + c * kRows);
+            BlockMicro<V, MT, MT, kMode>(wbuf + c * kRows, kl, swbuf + c * kRows, qg, sag, kblocks, accg + c * kRows,
+                                         b == 0);
         } else {
           for (int c = 0; c < vcols; ++c) {
             const int64_t roff = c * kRows;
@@ -673,7 +683,7 @@ HWY_INLINE void RunBlockItems(const QArgs& a, int64_t item0, int64_t item1, int6
                 static_cast<int>((rows_here + static_cast<int64_t>(kLanes) - 1) / static_cast<int64_t>(kLanes));
             WithVMT<V, MT>(vt, rem, [&](auto v, auto mt) {
               constexpr int kV = decltype(v)::value, kMT = decltype(mt)::value;
-              BlockMicro<kV, kMT, MT, kMode>(wbuf + roff, kl, swbuf + roff, qg, sag, kblocks, accg + roff);
+              BlockMicro<kV, kMT, MT, kMode>(wbuf + roff, kl, swbuf + roff, qg, sag, kblocks, accg + roff, b == 0);
             });
           }
         }

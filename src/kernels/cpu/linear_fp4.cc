@@ -638,13 +638,21 @@ void RunFp4(const QArgs& a, int64_t item0, int64_t item1) {
       for (int64_t r = 0; r < kTileRows; r += static_cast<int64_t>(kLanes))
         hn::StoreU(hn::BitCast(df, hn::ShiftLeft<23>(hn::PromoteTo(du, hn::LoadU(d8, sg + r)))), df, sw + r);
       const VF up = hn::Set(df, 0x1p120f);
+      // w·s_w (linear_common.h BlockPrescaleExact): the table's value × 2^-120
+      // times 2^120·s_w, one exact multiply, where every s_w of the weight is
+      // at most 2^7 (2^120·s_w finite), as the FP8 conversion; else times
+      // 2^120, then times s_w, each exact.
+      const bool one_mul = a.w_exp_hi <= 7;
       for (int64_t j = 0; j < 4; ++j) {
         for (int64_t r = 0; r < kTileRows; r += static_cast<int64_t>(kLanes)) {
           const auto xv = hn::LoadU(du, w32 + j * kTileRows + r);
           float* wr = w + 8 * j * kTileRows + r;
-          if (a.prescaled) {
-            // w·s_w (linear_common.h BlockPrescaleExact): the value × 2^-120,
-            // times 2^120, times s_w, each exact.
+          if (a.prescaled && one_mul) {
+            const VF f = hn::Mul(up, hn::LoadU(df, sw + r));
+            HWY_UNROLL(8)
+            for (int i = 0; i < 8; ++i)
+              hn::StoreU(hn::Mul(E2M1Lookup(i == 0 ? xv : hn::ShiftRightSame(xv, 4 * i)), f), df, wr + i * kTileRows);
+          } else if (a.prescaled) {
             const VF f = hn::LoadU(df, sw + r);
             HWY_UNROLL(8)
             for (int i = 0; i < 8; ++i)

@@ -49,7 +49,7 @@ void ClampRow(float* gate, float* up, float* neg, int64_t n, float lim) {
   }
 }
 
-void ActRow(float* gate, const float* up, const float* e, int64_t n, const float* w) {
+void ActRow(float* gate, const float* up, const float* e, int64_t n, const float* w, float* out) {
   const DF df;
   const VF one = hn::Set(df, 1.0f);
   const VF vw = hn::Set(df, w ? *w : 1.0f);
@@ -57,12 +57,12 @@ void ActRow(float* gate, const float* up, const float* e, int64_t n, const float
   for (; i + static_cast<int64_t>(kLanes) <= n; i += kLanes) {
     VF a = hn::Mul(hn::Div(hn::LoadU(df, gate + i), hn::Add(one, hn::LoadU(df, e + i))), hn::LoadU(df, up + i));
     if (w) a = hn::Mul(vw, a);
-    hn::StoreU(RoundBf16V(a), df, gate + i);
+    hn::StoreU(RoundBf16V(a), df, out + i);
   }
   for (; i < n; ++i) {
     float a = (gate[i] / (1.0f + e[i])) * up[i];
     if (w) a = *w * a;
-    gate[i] = RoundBf16(a);
+    out[i] = RoundBf16(a);
   }
 }
 
@@ -79,8 +79,8 @@ void SwiGluClamp(float* gate, float* up, float* neg, int64_t n, float lim) {
   HWY_DYNAMIC_DISPATCH(ClampRow)(gate, up, neg, n, lim);
 }
 
-void SwiGluAct(float* gate, const float* up, const float* e, int64_t n, const float* w) {
-  HWY_DYNAMIC_DISPATCH(ActRow)(gate, up, e, n, w);
+void SwiGluAct(float* gate, const float* up, const float* e, int64_t n, const float* w, float* out) {
+  HWY_DYNAMIC_DISPATCH(ActRow)(gate, up, e, n, w, out != nullptr ? out : gate);
 }
 
 }  // namespace deepinfer::cpu

@@ -89,6 +89,20 @@ inline void SwiGlu(float* gate, float* up, int64_t m, int64_t I, float lim, cons
   for (int64_t r = 0; r < m; ++r) cpu::SwiGluAct(gate + r * I, up + r * I, neg + r * I, I, rw ? rw + r : nullptr);
 }
 
+// SwiGlu on the merged gate/up call's rows g13 [m, 2I] (row r: gate
+// g13[r·2I ..], up g13[r·2I + I ..]), the results into out [m, I] (out may
+// be g13 itself when m = 1): the same operations on every element, so the
+// same bits as SwiGlu on the split rows, without copying them apart first.
+inline void SwiGluMerged(float* g13, int64_t m, int64_t I, float lim, const float* rw, std::vector<float>& scratch,
+                         float* out) {
+  if (scratch.size() < static_cast<size_t>(m * I)) scratch.resize(static_cast<size_t>(m * I));
+  float* neg = scratch.data();
+  for (int64_t r = 0; r < m; ++r) cpu::SwiGluClamp(g13 + r * 2 * I, g13 + r * 2 * I + I, neg + r * I, I, lim);
+  cpu::SleefExpfRow(neg, m * I, neg);
+  for (int64_t r = 0; r < m; ++r)
+    cpu::SwiGluAct(g13 + r * 2 * I, g13 + r * 2 * I + I, neg + r * I, I, rw ? rw + r : nullptr, out + r * I);
+}
+
 // Each thread's buffers for ExpertSwiGlu (the routed experts run in parallel,
 // one per thread: RoutedExperts): gate/up projections [m, I] and the exps.
 // One set per thread, shared by the main model's MoE and the DSpark
@@ -127,37 +141,26 @@ template <class W, class P>
 void ExpertSwiGlu(const float* x, int64_t m, const W& w1, const W& w3, const P* w13, const W& w2, int64_t I, int ab,
                   float lim, const float* rw, float* out) {
   ExpertScratch& es = ThreadExpertScratch();
-  float* gate = nullptr;
-  float* up = nullptr;
   // Every output element of a linear is written (y = x·Wᵀ, as ref::Linear*):
   // the buffers are sized, not zero-filled first.
   if (w13) {
     es.g13.resize(static_cast<size_t>(m * 2 * I));
     LinearPacked(x, m, *w13, ab, es.g13.data(), w1.act_format);
-    if (m == 1) {  // [gate | up] of the one row, in place
-      gate = es.g13.data();
-      up = gate + I;
-    } else {
+    float* act = es.g13.data();  // one row: its [gate | up] in place
+    if (m > 1) {
       es.gt.resize(static_cast<size_t>(m * I));
-      es.up.resize(static_cast<size_t>(m * I));
-      for (int64_t r = 0; r < m; ++r) {
-        const float* row = es.g13.data() + r * 2 * I;
-        std::copy(row, row + I, es.gt.data() + r * I);
-        std::copy(row + I, row + 2 * I, es.up.data() + r * I);
-      }
-      gate = es.gt.data();
-      up = es.up.data();
+      act = es.gt.data();
     }
-  } else {
-    es.gt.resize(static_cast<size_t>(m * I));
-    es.up.resize(static_cast<size_t>(m * I));
-    Linear(x, m, w1, ab, es.gt.data());
-    Linear(x, m, w3, ab, es.up.data());
-    gate = es.gt.data();
-    up = es.up.data();
+    SwiGluMerged(es.g13.data(), m, I, lim, rw, es.neg, act);
+    Linear(act, m, w2, ab, out);
+    return;
   }
-  SwiGlu(gate, up, m, I, lim, rw, es.neg);
-  Linear(gate, m, w2, ab, out);
+  es.gt.resize(static_cast<size_t>(m * I));
+  es.up.resize(static_cast<size_t>(m * I));
+  Linear(x, m, w1, ab, es.gt.data());
+  Linear(x, m, w3, ab, es.up.data());
+  SwiGlu(es.gt.data(), es.up.data(), m, I, lim, rw, es.neg);
+  Linear(es.gt.data(), m, w2, ab, out);
 }
 
 }  // namespace deepinfer::v41
