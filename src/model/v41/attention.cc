@@ -65,15 +65,18 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   // (SplitRows); q, the attention core and the output projection run on this
   // rank's rows [r0, r1) only, and the output rows are shared at the end.
   const int64_t d = c_.dim, r0 = cp_r0_, r1 = cp_r1_;
-  std::vector<float>& qr = Zeroed(ws_.qr, n * qr_dim);
-  std::vector<float>& q = Zeroed(ws_.q, n * H * D);
+  // Sized, not zeroed: qr and kv get every row (SplitRows), q and o this
+  // rank's rows [r0, r1), the only ones read (RoPE, the attention core, wo_a);
+  // kvb and z every row they are read at.
+  std::vector<float>& qr = Sized(ws_.qr, n * qr_dim);
+  std::vector<float>& q = Sized(ws_.q, n * H * D);
   SplitRows(n, qr_dim, qr.data(), [&](int64_t a, int64_t b) {
     Linear(x + a * d, b - a, A.wq_a, ab, qr.data() + a * qr_dim);
     ref::RmsNorm(qr.data() + a * qr_dim, b - a, qr_dim, A.q_norm.data, c_.norm_eps, qr.data() + a * qr_dim);
   });
   Linear(qr.data() + r0 * qr_dim, r1 - r0, A.wq_b, ab, q.data() + r0 * H * D);
   // Window K (= V): kv_norm(wkv(x)), RoPE, FP8 QDQ over all D dims in blocks of 32.
-  std::vector<float>& kv = Zeroed(ws_.kv, n * D);
+  std::vector<float>& kv = Sized(ws_.kv, n * D);
   SplitRows(n, D, kv.data(), [&](int64_t a, int64_t b) {
     Linear(x + a * d, b - a, A.wkv, ab, kv.data() + a * D);
     ref::RmsNorm(kv.data() + a * D, b - a, D, A.kv_norm.data, c_.norm_eps, kv.data() + a * D);
@@ -87,7 +90,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   ParallelFor(r1 - r0, (r1 - r0) * H * D > (int64_t{1} << 16), [&](int64_t i) {
     rope.ApplyHeads(q.data() + (r0 + i) * H * D + D - rd, H, D, row_pos_[r0 + i], false);
   });
-  std::vector<uint16_t>& kvb = Zeroed(ws_.kvb, n * D);
+  std::vector<uint16_t>& kvb = Sized(ws_.kvb, n * D);
   ParallelFor(n, n * D > (int64_t{1} << 16), [&](int64_t r) {
     for (int64_t i = r * D; i < (r + 1) * D; ++i) kvb[i] = FloatToBf16(kv[i]);
   });
@@ -130,7 +133,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   }
   // Sparse attention with sink over window + selected compressed positions.
   core.emplace(Region::kAttnCore);
-  std::vector<float>& o = Zeroed(ws_.o, n * H * D);
+  std::vector<float>& o = Sized(ws_.o, n * H * D);
   const float scale = static_cast<float>(std::pow(static_cast<double>(D), -0.5));
   // One query row: the window and selected rows, then the attention kernel.
   // Several rows run in parallel, one row per thread; a single row (a batch-1
@@ -201,7 +204,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
   core.reset();
   // Grouped BF16 wo_a, then FP8 wo_b.
   const int64_t zw = c_.o_groups * c_.o_lora_rank;
-  std::vector<float>& z = Zeroed(ws_.z, n * zw);
+  std::vector<float>& z = Sized(ws_.z, n * zw);
   SplitRows(n, d, v, [&](int64_t a, int64_t b) {
     GroupedLinearBf16(o.data() + a * H * D, b - a, c_.o_groups, A.wo_a, z.data() + a * zw);
     Linear(z.data() + a * zw, b - a, A.wo_b, ab, v + a * d);

@@ -50,7 +50,7 @@ void ForwardPass::Engram(int l) {
         std::memcpy(dst + hd, G.table_scale + row * (hd / 32), static_cast<size_t>(hd / 32));
       },
       raw.data());
-  std::vector<float>& e = Zeroed(ws_.eg_e, R_ * ein);
+  std::vector<float>& e = Sized(ws_.eg_e, R_ * ein);  // every row below
   ParallelFor(R_, R_ * ein > (int64_t{1} << 16), [&](int64_t r) {
     for (int k = 0; k < cols; ++k) {
       const uint8_t* q = raw.data() + (r * cols + k) * row_bytes;
@@ -66,7 +66,7 @@ void ForwardPass::Engram(int l) {
       }
     }
   });
-  std::vector<float>& kv = Zeroed(ws_.eg_kv, R_ * (hc + 1) * d);
+  std::vector<float>& kv = Sized(ws_.eg_kv, R_ * (hc + 1) * d);  // the linear's output
   Linear(e.data(), R_, G.wkv, c_.act_block_size, kv.data());
   const float eps = c_.norm_eps;
   const float inv_sqrt_dim = static_cast<float>(std::pow(static_cast<double>(d), -0.5));
@@ -108,15 +108,18 @@ void ForwardPass::Block(int l) {
   const int hc = c_.hc_mult;
   const int64_t d = c_.dim;
   const int64_t n = R_;
-  std::vector<float>& pre_a = Zeroed(ws_.pre_a, n * hc);
-  std::vector<float>& post_a = Zeroed(ws_.post_a, n * hc);
-  std::vector<float>& comb_a = Zeroed(ws_.comb_a, n * hc * hc);
-  std::vector<float>& pre_f = Zeroed(ws_.pre_f, n * hc);
-  std::vector<float>& post_f = Zeroed(ws_.post_f, n * hc);
-  std::vector<float>& comb_f = Zeroed(ws_.comb_f, n * hc * hc);
-  std::vector<float>& x = Zeroed(ws_.x, n * d);
-  std::vector<float>& v = Zeroed(ws_.v, n * d);
-  std::vector<float>& X2 = Zeroed(ws_.X2, static_cast<int64_t>(X_.size()));
+  // Sized, not zeroed (workspace.h): every element is written before it is
+  // read (the mixes and X2 by HcMixes / HcExpand, x by HcCollapse, v by
+  // Attention and Moe, each for every row).
+  std::vector<float>& pre_a = Sized(ws_.pre_a, n * hc);
+  std::vector<float>& post_a = Sized(ws_.post_a, n * hc);
+  std::vector<float>& comb_a = Sized(ws_.comb_a, n * hc * hc);
+  std::vector<float>& pre_f = Sized(ws_.pre_f, n * hc);
+  std::vector<float>& post_f = Sized(ws_.post_f, n * hc);
+  std::vector<float>& comb_f = Sized(ws_.comb_f, n * hc * hc);
+  std::vector<float>& x = Sized(ws_.x, n * d);
+  std::vector<float>& v = Sized(ws_.v, n * d);
+  std::vector<float>& X2 = Sized(ws_.X2, static_cast<int64_t>(X_.size()));
   // Single-pass mHC (model-spec §3.3.3): each site's `pre` is used by the next site.
   {
     RegionScope region(Region::kMhc);

@@ -58,8 +58,10 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
   const int k = c_.n_activated_experts;
   const int ab = c_.act_block_size;
   const float lim = c_.swiglu_limit;
-  std::vector<int32_t>& idx = Zeroed(ws_.moe_idx, n * k);
-  std::vector<float>& wts = Zeroed(ws_.moe_w, n * k);
+  // Sized, not zeroed (workspace.h): Router writes every row's k slots,
+  // RoutedExperts every row of y, the shared expert every row of sh.
+  std::vector<int32_t>& idx = Sized(ws_.moe_idx, n * k);
+  std::vector<float>& wts = Sized(ws_.moe_w, n * k);
   std::vector<const float*>& bias = ws_.moe_bias;  // text tokens: `bias`; image spans: `bias_vl`
   bias.assign(static_cast<size_t>(n), F.bias.data());
   for (int64_t r = 0; r < n; ++r)
@@ -69,7 +71,7 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
               soft_vec_.data() + r0, idx.data(), wts.data());
   router.reset();
   // Routed experts in increasing expert id, FP32 combine (MoE.forward).
-  std::vector<float>& y = Zeroed(ws_.moe_y, n * d);
+  std::vector<float>& y = Sized(ws_.moe_y, n * d);
   // Every thread's expert scratch for the most rows one expert can get in
   // this step shape (n rows of this rank, times the ranks that may send rows
   // here), made once per new largest n: a later step whose routing puts more
@@ -86,7 +88,7 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
   // experts' loop, on one thread beside the routed experts; else after them
   // with its linears split over the team. Same rows, same kernels: the same
   // bits either way.
-  std::vector<float>& sh = Zeroed(ws_.moe_sh, n * d);
+  std::vector<float>& sh = Sized(ws_.moe_sh, n * d);
   const auto shared = [&] {
     ExpertSwiGlu(x, n, F.shared_w1, F.shared_w3, F.shared_w13.get(), F.shared_w2, I, ab, lim, nullptr, sh.data());
   };

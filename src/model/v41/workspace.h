@@ -76,6 +76,18 @@ std::vector<T>& Zeroed(std::vector<T>& v, int64_t n) {
   return v;
 }
 
+// v holding n elements, their values unspecified (left from an earlier use;
+// zero where it grew); keeps the capacity. For a buffer whose every element
+// that is read is written first in the same use (a linear's or a kernel's
+// output rows), where Zeroed was a serial pass over the whole buffer: per
+// layer of a 1 024-row prefill of the `large` preset ~110 MB (q and the
+// attention output alone 32 MB each), ~1.7% of the step on two threads.
+template <class T>
+std::vector<T>& Sized(std::vector<T>& v, int64_t n) {
+  v.resize(static_cast<size_t>(n));
+  return v;
+}
+
 // Room for n elements, grown in steps of `step` elements: a buffer that grows
 // with the sequence (one compressed position per decode step) reallocates
 // once per `step`, not at every doubling of its size.
