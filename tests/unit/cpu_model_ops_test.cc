@@ -166,6 +166,87 @@ TEST(CpuKernels, SleefExpfRowBitIdentical) {
   });
 }
 
+// The vectorised QDQ rows (Fp8QdqRows, Fp4QdqUe8m0Rows) against the scalar
+// Fp8QdqInPlace / Fp4QdqUe8m0InPlace, bit for bit, on every target: blocks
+// whose values span many binades around random scales (zeros, −0,
+// subnormals, the scale floors), every rounding midpoint of the E4M3 and
+// E2M1 grids and its neighbours at scale 1 (block amax 448 / 6), the clamp
+// (IEEE mode: 224), rows with NaN or infinity (the scalar path), and block
+// lengths that leave a scalar tail (B = 20).
+TEST(CpuKernels, QdqRowsBitIdentical) {
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  const auto random_rows = [&](int64_t M, int64_t K, int B) {
+    std::vector<float> x(M * K);
+    for (int64_t b0 = 0; b0 < M * K; b0 += B) {
+      const int e0 = static_cast<int>(rng() % 250) - 135;
+      for (int i = 0; i < B; ++i) {
+        const uint64_t r = rng();
+        float v = std::ldexp(mant(rng), e0 - static_cast<int>(r % 24));
+        if (r % 29 == 0) v = 0.0f;
+        if ((r >> 8) & 1) v = -v;
+        x[b0 + i] = v;
+      }
+    }
+    return x;
+  };
+  // Midpoints of a grid with `bits` mantissa bits from binade e_lo up to
+  // below `top`, the subnormal spacing 2^sub below 2^e_lo, each with its two
+  // float neighbours, both signs; every block led by `amax` (scale 1).
+  const auto tie_rows = [&](int bits, int e_lo, int sub, float top, float amax, int B) {
+    std::vector<float> v;
+    for (float m = std::ldexp(0.5f, sub); m < std::ldexp(1.0f, e_lo); m += std::ldexp(1.0f, sub)) v.push_back(m);
+    for (int e = e_lo; std::ldexp(1.0f, e) < top; ++e)
+      for (int k = 0; k < (1 << bits); ++k) v.push_back(std::ldexp(1.0f + (k + 0.5f) / (1 << bits), e));
+    std::vector<float> x;
+    for (float m : v)
+      for (float t : {m, std::nextafter(m, 0.0f), std::nextafter(m, 1e30f)})
+        for (float sgn : {1.0f, -1.0f}) {
+          if (x.size() % B == 0) x.push_back(amax);
+          x.push_back(sgn * t);
+        }
+    while (x.size() % B != 0) x.push_back(-0.0f);
+    return x;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  ForEachTarget([&] {
+    for (const auto& [K, B] : std::vector<std::pair<int64_t, int>>{{64, 32}, {512, 32}, {96, 32}, {40, 20}}) {
+      for (Fp8Format fmt : {Fp8Format::kE4M3FN, Fp8Format::kE4M3Ieee}) {
+        std::vector<float> x = random_rows(7, K, B);
+        x[3 * K + 5] = nan;  // row 3: the scalar path
+        x[5 * K] = -inf;     // row 5
+        std::vector<float> want = x, got = x;
+        for (int64_t m = 0; m < 7; ++m) Fp8QdqInPlace(want.data() + m * K, K, B, fmt);
+        Fp8QdqRows(got.data(), 7, K, B, fmt);
+        EXPECT_TRUE(SameBits(got, want)) << "fp8 K=" << K << " B=" << B << " ieee=" << (fmt == Fp8Format::kE4M3Ieee);
+      }
+      std::vector<float> x = random_rows(7, K, B);
+      x[2 * K + 1] = inf;
+      std::vector<float> want = x, got = x;
+      for (int64_t m = 0; m < 7; ++m) Fp4QdqUe8m0InPlace(want.data() + m * K, K, B);
+      Fp4QdqUe8m0Rows(got.data(), 7, K, B);
+      EXPECT_TRUE(SameBits(got, want)) << "fp4 K=" << K << " B=" << B;
+    }
+    for (int B : {32, 20}) {
+      for (Fp8Format fmt : {Fp8Format::kE4M3FN, Fp8Format::kE4M3Ieee}) {
+        const float vmax = fmt == Fp8Format::kE4M3Ieee ? 224.0f : 448.0f;
+        std::vector<float> x = tie_rows(3, -6, -10, 2 * vmax, 448.0f, B);  // past 448: the clamp
+        std::vector<float> want = x, got = x;
+        Fp8QdqInPlace(want.data(), static_cast<int64_t>(x.size()), B, fmt);
+        Fp8QdqRows(got.data(), 1, static_cast<int64_t>(x.size()), B, fmt);
+        EXPECT_TRUE(SameBits(got, want)) << "fp8 ties B=" << B;
+      }
+      std::vector<float> x = tie_rows(1, 0, -2, 12.0f, 6.0f, B);  // past 6: the clamp
+      std::vector<float> want = x, got = x;
+      Fp4QdqUe8m0InPlace(want.data(), static_cast<int64_t>(x.size()), B);
+      Fp4QdqUe8m0Rows(got.data(), 1, static_cast<int64_t>(x.size()), B);
+      EXPECT_TRUE(SameBits(got, want)) << "fp4 ties B=" << B;
+      // The ties really are rounded: some value moved, and 0.25·s went to 0.
+      EXPECT_NE(std::memcmp(want.data(), x.data(), x.size() * sizeof(float)), 0);
+    }
+  });
+}
+
 // The experts' SwiGLU around the exp (SwiGluClamp, SwiGluAct) against the
 // scalar loops they replaced, on values at and past the limit, ±0, ±Inf, NaN,
 // subnormals and huge values; lengths around the vector width; no limit

@@ -89,6 +89,107 @@ bool QuantizeRow(const float* x, int64_t K, int B, float* q, float* sa, float vm
   return true;
 }
 
+// A row with a NaN or infinity: false (the callers take the scalar code).
+HWY_INLINE bool RowFinite(const float* x, int64_t K) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const auto exp_mask = hn::Set(du, 0x7F800000u);
+  auto bad = hn::Zero(du);
+  int64_t k = 0;
+  for (; k + static_cast<int64_t>(kLanes) <= K; k += kLanes) {
+    const auto u = hn::BitCast(du, hn::LoadU(df, x + k));
+    bad = hn::Or(bad, hn::VecFromMask(du, hn::Eq(hn::And(u, exp_mask), exp_mask)));
+  }
+  if (!hn::AllFalse(du, hn::Ne(bad, hn::Zero(du)))) return false;
+  for (; k < K; ++k)
+    if (!std::isfinite(x[k])) return false;
+  return true;
+}
+
+// max|x[0..B)| of one block.
+HWY_INLINE float BlockAmax(const float* x, int B) {
+  const DF df;
+  float amax = 0.0f;
+  int i = 0;
+  if (B % static_cast<int>(kLanes) == 0) {
+    auto m = hn::Zero(df);
+    for (; i < B; i += static_cast<int>(kLanes)) m = hn::Max(m, hn::Abs(hn::LoadU(df, x + i)));
+    amax = hn::GetLane(hn::MaxOfLanes(df, m));
+  }
+  for (; i < B; ++i) amax = std::max(amax, std::fabs(x[i]));
+  return amax;
+}
+
+// FP8 QDQ of one finite row in place (cpu_ops.h Fp8QdqRows): QuantizeRow's
+// scale and E4M3 grid, then bf16(value · s) as Fp8QdqInPlace (the value is
+// exact, so value · s is its one rounding). False, nothing written, for a
+// row with a NaN or infinity.
+bool Fp8QdqRow(float* x, int64_t K, int B, float vmax, float inv_max) {
+  if (!RowFinite(x, K)) return false;
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const auto exp_mask = hn::Set(du, 0x7F800000u);
+  const auto vpos = hn::Set(df, vmax), vneg = hn::Set(df, -vmax);
+  const auto min_norm = hn::Set(df, 0.015625f);  // 2^-6
+  const auto c20 = hn::Set(du, 20u << 23);
+  for (int64_t b0 = 0; b0 < K; b0 += B) {
+    const float amax = std::max(BlockAmax(x + b0, B), 1e-4f);
+    const uint32_t sb = Pow2CeilE8M0(amax * inv_max);  // [105, 254): s and 1/s normal (QuantizeRow)
+    const float s = BitsFloat(sb << 23), inv_s = BitsFloat((254u - sb) << 23);
+    const auto sv = hn::Set(df, s), inv = hn::Set(df, inv_s);
+    int j = 0;
+    for (; j + static_cast<int>(kLanes) <= B; j += static_cast<int>(kLanes)) {
+      const auto v = hn::Min(hn::Max(hn::Mul(hn::LoadU(df, x + b0 + j), inv), vneg), vpos);
+      const auto a = hn::Abs(v);
+      const auto c = hn::BitCast(df, hn::Add(hn::And(hn::BitCast(du, hn::Max(a, min_norm)), exp_mask), c20));
+      const auto r = hn::CopySignToAbs(hn::Sub(hn::Add(a, c), c), v);
+      hn::StoreU(RoundBf16V(hn::Mul(r, sv)), df, x + b0 + j);
+    }
+    for (; j < B; ++j) {
+      const float v = std::min(std::max(x[b0 + j] * inv_s, -vmax), vmax);
+      x[b0 + j] = RoundBf16(E4M3ToFloat(FloatToE4M3(v)) * s);
+    }
+  }
+  return true;
+}
+
+// FP4 QDQ with UE8M0 scales of one finite row in place (cpu_ops.h
+// Fp4QdqUe8m0Rows), as Fp4QdqUe8m0InPlace: a = max(max|x|, 6·2^-126),
+// s = Pow2Ceil(a·fp32(1/6)) (a normal power of two, 1/s too), v =
+// clamp(x·(1/s), ±6) (x/s exactly: one rounding of the same exact value),
+// rounded to the E2M1 grid by the magic number of exponent E + 22 (E that of
+// max(|v|, 1): spacing 2^(E-1), 0.5 below 1, nearest-even as the
+// comparisons of DoubleToE2M1), then bf16(value · s). False, nothing
+// written, for a row with a NaN or infinity.
+bool Fp4QdqUe8m0Row(float* x, int64_t K, int B) {
+  if (!RowFinite(x, K)) return false;
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const auto exp_mask = hn::Set(du, 0x7F800000u);
+  const auto six = hn::Set(df, 6.0f), neg_six = hn::Set(df, -6.0f), one = hn::Set(df, 1.0f);
+  const auto c22 = hn::Set(du, 22u << 23);
+  const float floor_amax = 6.0f * 0x1p-126f;
+  for (int64_t b0 = 0; b0 < K; b0 += B) {
+    const float amax = std::max(BlockAmax(x + b0, B), floor_amax);
+    const uint32_t sb = Pow2CeilE8M0(amax * kInv6);  // [1, 254]: s and 1/s normal
+    const float s = BitsFloat(sb << 23), inv_s = BitsFloat((254u - sb) << 23);
+    const auto sv = hn::Set(df, s), inv = hn::Set(df, inv_s);
+    int j = 0;
+    for (; j + static_cast<int>(kLanes) <= B; j += static_cast<int>(kLanes)) {
+      const auto v = hn::Min(hn::Max(hn::Mul(hn::LoadU(df, x + b0 + j), inv), neg_six), six);
+      const auto a = hn::Abs(v);
+      const auto c = hn::BitCast(df, hn::Add(hn::And(hn::BitCast(du, hn::Max(a, one)), exp_mask), c22));
+      const auto r = hn::CopySignToAbs(hn::Sub(hn::Add(a, c), c), v);
+      hn::StoreU(RoundBf16V(hn::Mul(r, sv)), df, x + b0 + j);
+    }
+    for (; j < B; ++j) {
+      const float v = std::clamp(x[b0 + j] * inv_s, -6.0f, 6.0f);
+      x[b0 + j] = RoundBf16(E2M1ToFloat(FloatToE2M1(v)) * s);
+    }
+  }
+  return true;
+}
+
 int64_t ThisTarget() { return HWY_TARGET; }
 
 // The calling thread's scratch of the block GEMM path (hwy_util-inl.h: the
@@ -119,6 +220,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace deepinfer::cpu {
 HWY_EXPORT(QuantizeRow);
+HWY_EXPORT(Fp8QdqRow);
+HWY_EXPORT(Fp4QdqUe8m0Row);
 HWY_EXPORT(ThisTarget);
 HWY_EXPORT(ReserveBlockScratch);
 
@@ -153,6 +256,19 @@ void QuantizeActRows(const float* x, int64_t M, int64_t K, int B, float* q, floa
       for (int64_t b = 0; b < kb; ++b) sa[m * kb + b] = E8M0ToFloat(sb[b]) * kActScaleFactor;
     }
   }
+}
+
+void Fp8QdqRows(float* x, int64_t M, int64_t K, int B, Fp8Format fmt) {
+  auto* fn = HWY_DYNAMIC_DISPATCH(Fp8QdqRow);
+  const float vmax = Fp8ActMax(fmt), inv_max = Fp8ActInvMax(fmt);
+  for (int64_t m = 0; m < M; ++m)
+    if (!fn(x + m * K, K, B, vmax, inv_max)) Fp8QdqInPlace(x + m * K, K, B, fmt);
+}
+
+void Fp4QdqUe8m0Rows(float* x, int64_t M, int64_t K, int B) {
+  auto* fn = HWY_DYNAMIC_DISPATCH(Fp4QdqUe8m0Row);
+  for (int64_t m = 0; m < M; ++m)
+    if (!fn(x + m * K, K, B)) Fp4QdqUe8m0InPlace(x + m * K, K, B);
 }
 
 std::string TargetName(int64_t target) { return hwy::TargetName(target); }

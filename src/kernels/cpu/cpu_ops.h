@@ -285,6 +285,15 @@ static_assert(kIndexKeyChunk % kIndexKeyBlock == 0, "a chunk holds whole key blo
 void PackAndScoreIndexKeys(const float* q, const float* w, int64_t nh, int64_t ID, const uint16_t* const* rows,
                            int64_t n, float* kt, float* score);
 
+// ------------------------------------------------------------------ QDQ
+// format/numerics.h Fp8QdqInPlace / Fp4QdqUe8m0InPlace on each of M rows of
+// K floats (x [M, K] in place, blocks of B along a row), vectorised and
+// bit-identical to them (a row with a NaN or infinity takes them as they
+// are). The model's window-K QAT (FP8, B = 32) and the indexer's query and
+// key QDQ (FP4, B = 32). The rows run on the calling thread. act_quant.cc.
+void Fp8QdqRows(float* x, int64_t M, int64_t K, int B, Fp8Format fmt = Fp8Format::kE4M3FN);
+void Fp4QdqUe8m0Rows(float* x, int64_t M, int64_t K, int B = 32);
+
 // ------------------------------------------------------------------ activation quantiser
 // Fused activation quantisation of rows x [M, K] (model-spec §3.1(b) step 1),
 // bit-identical to QuantizeActE4M3 (with the same fmt) followed by

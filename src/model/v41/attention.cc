@@ -83,7 +83,7 @@ void ForwardPass::Attention(int l, const float* x, float* v) {
     RegionScope core(Region::kAttnCore);
     ParallelFor(b - a, (b - a) * D > (int64_t{1} << 16), [&](int64_t i) {
       rope.Apply(kv.data() + (a + i) * D + D - rd, row_pos_[a + i], false);
-      Fp8QdqInPlace(kv.data() + (a + i) * D, D, 32, w_.fp8_format);
+      Fp8Qdq(w_.packed_for_cpu, kv.data() + (a + i) * D, D, 32, w_.fp8_format);
     });
   });
   std::optional<RegionScope> core(std::in_place, Region::kAttnCore);
@@ -306,7 +306,7 @@ void ForwardPass::Compressor(int l, int s, const float* x) {
     const int64_t pos = js[i] * r;
     float* kr = k.data() + i * ID;
     rope.Apply(kr + ID - rd, pos, false);
-    Fp4QdqUe8m0InPlace(kr, ID, 32);
+    Fp4QdqUe8m0(w_.packed_for_cpu, kr, ID, 32);
     // Context parallelism: only the rank that stores position js[i] keeps it.
     const bool own = Owns(s, StateKind::kIndexKey, l, js[i]);
     uint16_t* dst = own ? reinterpret_cast<uint16_t*>(Row(s, StateKind::kIndexKey, l, js[i])) : nullptr;
@@ -347,7 +347,7 @@ void ForwardPass::Indexer(int l, int s, const float* x, const float* qr) {
   ParallelFor(i1 - i0, (i1 - i0) * nh * ID > (int64_t{1} << 16), [&](int64_t j) {
     const int64_t i = i0 + j;
     rope.ApplyHeads(qI.data() + i * nh * ID + ID - rd, nh, ID, qi.start + i, false);
-    Fp4QdqUe8m0InPlace(qI.data() + i * nh * ID, nh * ID, 32);
+    Fp4QdqUe8m0(w_.packed_for_cpu, qI.data() + i * nh * ID, nh * ID, 32);
   });
   // Head weights: BF16 weights_proj(x) × (index_head_dim^-½ · n_heads^-½), BF16.
   std::vector<float>& wts = Zeroed(ws_.idx_w, T * nh);

@@ -123,7 +123,7 @@ class DraftPass {
     for (int64_t r = 0; r < n; ++r) {
       rope_.ApplyHeads(q.data() + r * H * D + D - rd, H, D, Pos(r), false);
       rope_.Apply(kv.data() + r * D + D - rd, Pos(r), false);
-      Fp8QdqInPlace(kv.data() + r * D, D, 32, w_.fp8_format);
+      Fp8Qdq(w_.packed_for_cpu, kv.data() + r * D, D, 32, w_.fp8_format);
       for (int64_t i = 0; i < D; ++i) kvb[r * D + i] = FloatToBf16(kv[r * D + i]);
     }
     const int region = St(0).geometry->of(StateKind::kWindow).RegionOf(c_.n_layers + b);
@@ -274,7 +274,7 @@ void Dspark::Run(const std::vector<DsparkSeq>& seqs, bool want_logits, std::vect
         if (i < q.n - win) continue;  // overwritten later in this call
         float* k = kv.data() + r * D;
         rope.Apply(k + D - rd, q.start_pos + i, false);
-        Fp8QdqInPlace(k, D, 32, w.fp8_format);
+        Fp8Qdq(w.packed_for_cpu, k, D, 32, w.fp8_format);
         uint8_t* dst = q.state.Row(StateKind::kWindow, region, (q.start_pos + i) % win);
         for (int64_t t = 0; t < D; ++t) {
           const uint16_t bits = FloatToBf16(k[t]);

@@ -58,6 +58,19 @@ inline void Router(const float* x, int64_t M, const Bf16Tensor& gate, const floa
                 weights);
 }
 
+// The QDQ of the window K (FP8, §3.1(g)) and of the indexer's queries and
+// keys (FP4 with UE8M0 scales, §3.1(h)) on one row of K floats in place:
+// the vectorised forms when the forward pass runs on the fast kernels
+// (cpu_ops.h, bit-identical), else format/numerics.h.
+inline void Fp8Qdq(bool fast, float* x, int64_t K, int B, Fp8Format fmt) {
+  if (fast) cpu::Fp8QdqRows(x, 1, K, B, fmt);
+  else Fp8QdqInPlace(x, K, B, fmt);
+}
+inline void Fp4QdqUe8m0(bool fast, float* x, int64_t K, int B) {
+  if (fast) cpu::Fp4QdqUe8m0Rows(x, 1, K, B);
+  else Fp4QdqUe8m0InPlace(x, K, B);
+}
+
 // mHC collapse / expand (model-spec §3.3.3): the Highway forms when the
 // forward pass runs on the fast kernels (bit-identical), else the reference.
 inline void HcCollapse(bool fast, const float* X, const float* pre, int64_t M, int hc, int64_t d, float* x) {
