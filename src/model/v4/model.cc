@@ -484,7 +484,7 @@ void Pass::Attention(int l, const float* x, float* v, V4Debug::Layer* dbg) {
 #pragma omp parallel for schedule(static) if(n > 1 && n * D >= (int64_t{1} << 16))
   for (int64_t r = 0; r < n; ++r) {
     rope.Apply(kv.data() + r * D + D - rd, row_pos_[r], false);
-    Fp8QdqInPlace(kv.data() + r * D, D - rd, 64);
+    cpu::Fp8QdqRows(kv.data() + r * D, 1, D - rd, 64);
     for (int64_t i = r * D; i < (r + 1) * D; ++i) kvb[i] = FloatToBf16(kv[i]);
   }
   core.reset();
@@ -671,10 +671,10 @@ void Pass::Compressor(int l, int s, const CompressorW& W, bool indexer, const fl
     rope.Apply(ent.data() + hd - rd, j * r, false);
     if (indexer) {
       Hadamard(ent.data(), hd, static_cast<float>(std::pow(static_cast<double>(hd), -0.5)));
-      Fp4QdqUe8m0InPlace(ent.data(), hd, 32);
+      cpu::Fp4QdqUe8m0Rows(ent.data(), 1, hd, 32);
       ToBf16Row(ent.data(), hd, Row(s, StateKind::kIndexKey, l, j));
     } else {
-      Fp8QdqInPlace(ent.data(), hd - rd, 64);
+      cpu::Fp8QdqRows(ent.data(), 1, hd - rd, 64);
       ToBf16Row(ent.data(), hd, Row(s, StateKind::kCompressedKv, l, j));
     }
   }
@@ -704,7 +704,7 @@ void Pass::IndexerInputs(int l, const float* x, const float* qr) {
       float* qh = qI.data() + (i * nh + h) * ID;
       rope.Apply(qh + ID - rd, row_pos_[i], false);
       Hadamard(qh, ID, hscale);
-      Fp4QdqUe8m0InPlace(qh, ID, 32);
+      cpu::Fp4QdqUe8m0Rows(qh, 1, ID, 32);
     }
   {
     RegionScope cr(Region::kCompressor);
