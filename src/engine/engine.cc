@@ -376,8 +376,8 @@ uint64_t Engine::Submit(const GenerateRequest& req) {
   if (ids.empty()) Fail(ErrorKind::kInvalidArgument, "{}: prompt is empty", label);
   RequestImages images;
   if (!req.images.empty()) {
-    if (m.args.expert_parallel_size > 1 || m.shards.size() > 1)
-      Fail(ErrorKind::kInvalidArgument, "{}: images are not supported with --ep/--dp > 1 yet", label);
+    if (m.args.expert_parallel_size > 1 || m.shards.size() > 1 || m.backend->context_parallel_size() > 1)
+      Fail(ErrorKind::kInvalidArgument, "{}: images are not supported with --ep/--dp/--cp > 1 yet", label);
     if (!m.backend->config().vision_enabled())
       Fail(ErrorKind::kInvalidArgument, "{}: the model has no vision tower (vision_config); it cannot take images",
            label);

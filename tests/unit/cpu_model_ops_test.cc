@@ -321,7 +321,8 @@ TEST(CpuKernels, SparseAttentionBitIdentical) {
     // through the BF16 rounding of some of them).
     for (const Case& c : {Case{4, 128, 70, 3}, Case{16, 512, 200, 3}, Case{20, 72, 130, 3}, Case{1, 64, 5, 3},
                           Case{16, 512, 640, 0}, Case{17, 40, 1000, 4}, Case{3, 24, 71, 0}, Case{8, 8, 9, 2},
-                          Case{33, 200, 575, 5}, Case{16, 520, 129, 3}, Case{5, 1, 64, 0}, Case{256, 512, 160, 3}}) {
+                          Case{33, 200, 575, 5}, Case{16, 520, 129, 3}, Case{5, 1, 64, 0}, Case{256, 512, 160, 3},
+                          Case{17, 23, 70, 3}}) {
       // variant 0: BF16 queries (as the model's), 1: special values, 2: FP32 queries (inexact q·k products),
       // 3: in head 0 a product overflows after a large one of the other sign (multiplied then added the
       // score is +inf, fused it is 2^126: the FMA guard must refuse those scores), 4: keys near the

@@ -250,8 +250,8 @@ void SleefExpfRow(const float* x, int64_t n, float* y);
 // and gate[i] = std::min(gate[i], lim); then neg[i] = -gate[i].
 void SwiGluClamp(float* gate, float* up, float* neg, int64_t n, float lim);
 // SwiGluAct: a = (gate[i] / (1 + e[i]))·up[i] (e[i] = exp(-gate[i])), a = *w·a
-// when w is not null, out[i] = RoundBf16(a) (out null: gate, in place; else
-// n floats that overlap none of the inputs).
+// when w is not null, out[i] = RoundBf16(a) (out null or gate: in place;
+// else n floats that overlap none of the inputs).
 void SwiGluAct(float* gate, const float* up, const float* e, int64_t n, const float* w, float* out = nullptr);
 
 // Lightning-indexer scores of one query row (model-spec indexer; the

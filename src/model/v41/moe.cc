@@ -65,7 +65,7 @@ void ForwardPass::Moe(int l, const float* x_all, float* v_all, int64_t r0, int64
   std::vector<const float*>& bias = ws_.moe_bias;  // text tokens: `bias`; image spans: `bias_vl`
   bias.assign(static_cast<size_t>(n), F.bias.data());
   for (int64_t r = 0; r < n; ++r)
-    if (row_image_[r]) bias[r] = F.bias_vl.data();
+    if (row_image_[r0 + r]) bias[r] = F.bias_vl.data();  // row r of this call is the step's row r0 + r
   std::optional<RegionScope> router(std::in_place, Region::kRouter);
   Router(x, n, F.gate, bias.data(), k, c_.gate_temp, c_.norm_topk_prob, c_.route_scale,
               soft_vec_.data() + r0, idx.data(), wts.data());
