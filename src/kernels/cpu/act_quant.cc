@@ -34,61 +34,6 @@ HWY_BEFORE_NAMESPACE();
 namespace deepinfer::cpu {
 namespace HWY_NAMESPACE {
 
-// Returns false (and writes nothing) when the row has a NaN or infinity.
-bool QuantizeRow(const float* x, int64_t K, int B, float* q, float* sa, float vmax, float inv_max) {
-  const DF df;
-  const hn::RebindToUnsigned<DF> du;
-  const auto exp_mask = hn::Set(du, 0x7F800000u);
-  {
-    auto bad = hn::Zero(du);
-    int64_t k = 0;
-    for (; k + static_cast<int64_t>(kLanes) <= K; k += kLanes) {
-      const auto u = hn::BitCast(du, hn::LoadU(df, x + k));
-      bad = hn::Or(bad, hn::VecFromMask(du, hn::Eq(hn::And(u, exp_mask), exp_mask)));
-    }
-    if (!hn::AllFalse(du, hn::Ne(bad, hn::Zero(du)))) return false;
-    for (; k < K; ++k)
-      if (!std::isfinite(x[k])) return false;
-  }
-  const auto v448 = hn::Set(df, vmax);
-  const auto vneg448 = hn::Set(df, -vmax);
-  const auto min_norm = hn::Set(df, 0.015625f);  // 2^-6
-  const auto c20 = hn::Set(du, 20u << 23);
-  const auto qscale = hn::Set(df, kActOperandScale);
-  for (int64_t b0 = 0; b0 < K; b0 += B) {
-    float amax = 0.0f;
-    int i = 0;
-    if (B % static_cast<int>(kLanes) == 0) {
-      auto m = hn::Zero(df);
-      for (; i < B; i += static_cast<int>(kLanes)) m = hn::Max(m, hn::Abs(hn::LoadU(df, x + b0 + i)));
-      amax = hn::GetLane(hn::MaxOfLanes(df, m));
-    }
-    for (; i < B; ++i) amax = std::max(amax, std::fabs(x[b0 + i]));
-    amax = std::max(amax, 1e-4f);
-    // s = 2^(b-127) with b = Pow2CeilE8M0(t) in [105, 254) for finite rows
-    // (amax >= 1e-4; one more for 1/224), so s and 1/s = 2^(127-b) are normal floats.
-    const uint32_t sb = Pow2CeilE8M0(amax * inv_max);
-    sa[b0 / B] = BitsFloat(sb << 23) * kActScaleFactor;
-    const auto inv = hn::Set(df, BitsFloat((254u - sb) << 23));
-    int j = 0;
-    for (; j + static_cast<int>(kLanes) <= B; j += static_cast<int>(kLanes)) {
-      const auto xv = hn::LoadU(df, x + b0 + j);
-      const auto v = hn::Min(hn::Max(hn::Mul(xv, inv), vneg448), v448);
-      const auto a = hn::Abs(v);
-      const auto e = hn::And(hn::BitCast(du, hn::Max(a, min_norm)), exp_mask);
-      const auto c = hn::BitCast(df, hn::Add(e, c20));
-      const auto r = hn::Sub(hn::Add(a, c), c);
-      hn::StoreU(hn::Mul(hn::CopySignToAbs(r, v), qscale), df, q + b0 + j);
-    }
-    const float inv_s = BitsFloat((254u - sb) << 23);
-    for (; j < B; ++j) {
-      const float v = std::min(std::max(x[b0 + j] * inv_s, -vmax), vmax);
-      q[b0 + j] = E4M3ToFloat(FloatToE4M3(v)) * kActOperandScale;
-    }
-  }
-  return true;
-}
-
 // A row with a NaN or infinity: false (the callers take the scalar code).
 HWY_INLINE bool RowFinite(const float* x, int64_t K) {
   const DF df;
@@ -120,6 +65,45 @@ HWY_INLINE float BlockAmax(const float* x, int B) {
   return amax;
 }
 
+// v (already clamped to ±vmax, vmax <= 448) rounded to the E4M3 grid, its
+// sign kept (−0 too): the magic-number identity of the header comment.
+HWY_INLINE VF E4M3Grid(VF v) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const auto a = hn::Abs(v);
+  const auto e = hn::And(hn::BitCast(du, hn::Max(a, hn::Set(df, 0.015625f))), hn::Set(du, 0x7F800000u));  // 2^-6
+  const auto c = hn::BitCast(df, hn::Add(e, hn::Set(du, 20u << 23)));
+  return hn::CopySignToAbs(hn::Sub(hn::Add(a, c), c), v);
+}
+
+// Returns false (and writes nothing) when the row has a NaN or infinity.
+bool QuantizeRow(const float* x, int64_t K, int B, float* q, float* sa, float vmax, float inv_max) {
+  if (!RowFinite(x, K)) return false;
+  const DF df;
+  const auto v448 = hn::Set(df, vmax);
+  const auto vneg448 = hn::Set(df, -vmax);
+  const auto qscale = hn::Set(df, kActOperandScale);
+  for (int64_t b0 = 0; b0 < K; b0 += B) {
+    const float amax = std::max(BlockAmax(x + b0, B), 1e-4f);
+    // s = 2^(b-127) with b = Pow2CeilE8M0(t) in [105, 254) for finite rows
+    // (amax >= 1e-4; one more for 1/224), so s and 1/s = 2^(127-b) are normal floats.
+    const uint32_t sb = Pow2CeilE8M0(amax * inv_max);
+    sa[b0 / B] = BitsFloat(sb << 23) * kActScaleFactor;
+    const auto inv = hn::Set(df, BitsFloat((254u - sb) << 23));
+    int j = 0;
+    for (; j + static_cast<int>(kLanes) <= B; j += static_cast<int>(kLanes)) {
+      const auto v = hn::Min(hn::Max(hn::Mul(hn::LoadU(df, x + b0 + j), inv), vneg448), v448);
+      hn::StoreU(hn::Mul(E4M3Grid(v), qscale), df, q + b0 + j);
+    }
+    const float inv_s = BitsFloat((254u - sb) << 23);
+    for (; j < B; ++j) {
+      const float v = std::min(std::max(x[b0 + j] * inv_s, -vmax), vmax);
+      q[b0 + j] = E4M3ToFloat(FloatToE4M3(v)) * kActOperandScale;
+    }
+  }
+  return true;
+}
+
 // FP8 QDQ of one finite row in place (cpu_ops.h Fp8QdqRows): QuantizeRow's
 // scale and E4M3 grid, then bf16(value · s) as Fp8QdqInPlace (the value is
 // exact, so value · s is its one rounding). False, nothing written, for a
@@ -127,11 +111,7 @@ HWY_INLINE float BlockAmax(const float* x, int B) {
 bool Fp8QdqRow(float* x, int64_t K, int B, float vmax, float inv_max) {
   if (!RowFinite(x, K)) return false;
   const DF df;
-  const hn::RebindToUnsigned<DF> du;
-  const auto exp_mask = hn::Set(du, 0x7F800000u);
   const auto vpos = hn::Set(df, vmax), vneg = hn::Set(df, -vmax);
-  const auto min_norm = hn::Set(df, 0.015625f);  // 2^-6
-  const auto c20 = hn::Set(du, 20u << 23);
   for (int64_t b0 = 0; b0 < K; b0 += B) {
     const float amax = std::max(BlockAmax(x + b0, B), 1e-4f);
     const uint32_t sb = Pow2CeilE8M0(amax * inv_max);  // [105, 254): s and 1/s normal (QuantizeRow)
@@ -140,10 +120,7 @@ bool Fp8QdqRow(float* x, int64_t K, int B, float vmax, float inv_max) {
     int j = 0;
     for (; j + static_cast<int>(kLanes) <= B; j += static_cast<int>(kLanes)) {
       const auto v = hn::Min(hn::Max(hn::Mul(hn::LoadU(df, x + b0 + j), inv), vneg), vpos);
-      const auto a = hn::Abs(v);
-      const auto c = hn::BitCast(df, hn::Add(hn::And(hn::BitCast(du, hn::Max(a, min_norm)), exp_mask), c20));
-      const auto r = hn::CopySignToAbs(hn::Sub(hn::Add(a, c), c), v);
-      hn::StoreU(RoundBf16V(hn::Mul(r, sv)), df, x + b0 + j);
+      hn::StoreU(RoundBf16V(hn::Mul(E4M3Grid(v), sv)), df, x + b0 + j);
     }
     for (; j < B; ++j) {
       const float v = std::min(std::max(x[b0 + j] * inv_s, -vmax), vmax);
